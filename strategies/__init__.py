@@ -1,0 +1,1 @@
+"""Federated momentum and LocalUpdate strategies: pure math plus thin Flower adapters."""

@@ -1,0 +1,260 @@
+"""Pure update rules of every algorithm, written once.
+
+Everything here works on lists of arrays (one entry per parameter tensor) and uses
+only arithmetic operators, so the same functions run on numpy arrays (server
+strategies, theory simulator) and on torch tensors (client trainer). Learning
+rates and momentum may be Python scalars or arrays that broadcast against the
+parameters; the theory package passes arrays to run many configurations at once.
+
+The hot-path functions (called up to 10^6 times in a row by ``theory``) do no
+validation and no defensive copies: callers validate once, at construction
+(see :func:`check_momentum`, :func:`check_lr`).
+
+Seeds cited in docstrings:
+- seed 000: Zaccone et al., "On the Limits of Momentum in Decentralized and
+  Federated Optimization" (FedAvgM Eq. 92, FedCM Eq. 101-102, Corollary B.12).
+- seed 001: Charles & Konecny, "On the Outsized Importance of Learning Rates in
+  Local Update Methods" (LocalUpdate Algorithms 1-2, Appendix A, Section 9).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Params = list[Any]  # list of np.ndarray (or torch.Tensor on the client)
+
+
+# --------------------------------------------------------------------------- validation
+def check_momentum(momentum: Any, name: str = "momentum") -> None:
+    """Raise ValueError unless every momentum value lies in [0, 1)."""
+    value = np.asarray(momentum, dtype=float)
+    if not np.all(np.isfinite(value)) or np.any(value < 0.0) or np.any(value >= 1.0):
+        raise ValueError(f"{name} must lie in [0, 1), got {momentum!r}")
+
+
+def check_lr(lr: Any, name: str, allow_zero: bool = True) -> None:
+    """Raise ValueError for a negative (or, if not allowed, zero) learning rate."""
+    value = np.asarray(lr, dtype=float)
+    if not np.all(np.isfinite(value)) or np.any(value < 0.0):
+        raise ValueError(f"{name} must be a finite non-negative number, got {lr!r}")
+    if not allow_zero and np.any(value == 0.0):
+        raise ValueError(f"{name} must be positive, got {lr!r}")
+
+
+# --------------------------------------------------------------------------- aggregation
+def weighted_mean(per_client: Sequence[Params], weights: Sequence[float]) -> Params:
+    """Example-weighted mean of the clients' arrays, layer by layer.
+
+    The server average of seed 000 Eq. 92/102 and of seed 001 Algorithm 1
+    (weights = number of examples; equal weights give the plain mean).
+    """
+    total = float(sum(weights))
+    if total <= 0.0:
+        raise ValueError("weights of the aggregated replies must sum to a positive number")
+    scale = [float(w) / total for w in weights]
+    out = [layer * scale[0] for layer in per_client[0]]
+    for arrays, s in zip(per_client[1:], scale[1:]):
+        for k, layer in enumerate(arrays):
+            out[k] = out[k] + layer * s
+    return out
+
+
+def model_delta(global_model: Params, mean_client_model: Params) -> Params:
+    """Pseudo-gradient Delta^t = theta^{t-1} - mean_i theta_i^{t,J} (seed 000 Eq. 92)."""
+    return [g - c for g, c in zip(global_model, mean_client_model)]
+
+
+# --------------------------------------------------------------------------- FedAvgM
+def fedavgm_server_update(
+    model: Params, prev_model: Params, delta: Params, server_lr: Any, momentum: Any
+) -> Params:
+    """FedAvgM server step in heavy-ball form (seed 000 Eq. 92).
+
+    theta^t = theta^{t-1} - eta_t (1 - beta) Delta^t + beta (theta^{t-1} - theta^{t-2}).
+    In round 1 pass ``prev_model = model`` (theta^{-1} = theta^0: no momentum yet).
+    ``momentum = 0`` is FedAvg with server learning rate eta_t.
+    """
+    step = server_lr * (1.0 - momentum)
+    return [x - step * d + momentum * (x - xp) for x, xp, d in zip(model, prev_model, delta)]
+
+
+# --------------------------------------------------------------------------- FedCM
+def fedcm_correction(model: Params, prev_model: Params, server_lr: Any, momentum: Any) -> Params:
+    """Server-side momentum term of FedCM sent to clients: beta (theta^{t-1} - theta^{t-2}) / eta_t.
+
+    Seed 000 Eq. 101 adds (beta / (J eta_t)) (theta^{t-1} - theta^{t-2}) at each of the J local
+    steps; the client divides this term by its own J (:func:`fedcm_local_step`). Round 1 uses
+    ``prev_model = model``, i.e. a zero term. ``server_lr`` must be positive.
+    """
+    scale = momentum / server_lr
+    return [scale * (x - xp) for x, xp in zip(model, prev_model)]
+
+
+def fedcm_local_step(param: Any, grad: Any, client_lr: Any, momentum: Any, correction: Any, local_steps: int) -> Any:
+    """One FedCM local step on one tensor (seed 000 Eq. 101).
+
+    theta <- theta - eta_l (1 - beta) grad f_i(theta) + correction / J,
+    with ``correction`` from :func:`fedcm_correction` and J = the client's local steps this round.
+    """
+    return param - (client_lr * (1.0 - momentum)) * grad + correction / local_steps
+
+
+def fedcm_server_update(model: Params, delta: Params, server_lr: Any) -> Params:
+    """FedCM server step: theta^t = theta^{t-1} - eta_t Delta^t (seed 000 Eq. 102)."""
+    return [x - server_lr * d for x, d in zip(model, delta)]
+
+
+# --------------------------------------------------------------------------- SGD / LocalUpdate
+def sgd_step(param: Any, grad: Any, lr: Any) -> Any:
+    """Plain (mini-batch) gradient step x - lr * g: the client step of FedAvgM (seed 000 Eq. 91)
+    and of LocalUpdate (seed 001 Algorithm 2, x_{k+1} = x_k - gamma g_k)."""
+    return param - lr * grad
+
+
+THETA_PRESETS = ("fedavg", "fomaml")
+
+
+def theta_weights(theta: str | Sequence[float], local_steps: int) -> np.ndarray:
+    """Theta vector of LocalUpdate (seed 001 Section 2).
+
+    ``"fedavg"`` = Theta_{1:K} = (1, ..., 1) (FedAvg/Reptile), ``"fomaml"`` = Theta_K = (0, ..., 0, 1)
+    (first-order MAML), or an explicit vector whose length fixes K (trailing zeros allowed).
+    """
+    if isinstance(theta, str):
+        if local_steps < 1:
+            raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+        if theta == "fedavg":
+            return np.ones(local_steps)
+        if theta == "fomaml":
+            weights = np.zeros(local_steps)
+            weights[-1] = 1.0
+            return weights
+        raise ValueError(f"theta must be one of {THETA_PRESETS} or a list of weights, got {theta!r}")
+    weights = np.asarray(list(theta), dtype=float)
+    if weights.ndim != 1 or weights.size == 0 or not np.all(np.isfinite(weights)):
+        raise ValueError(f"theta must be a non-empty list of finite weights, got {theta!r}")
+    return weights
+
+
+def localupdate_accumulate(q: Any, grad: Any, weight: float) -> Any:
+    """q <- q + Theta_k g_k: the client's running Theta-weighted gradient sum (seed 001 Algorithm 2)."""
+    return q + weight * grad
+
+
+def localupdate_server_update(model: Params, mean_update: Params, server_lr: Any) -> Params:
+    """LocalUpdate server step x <- x - eta * mean_i q_i (seed 001 Algorithm 1)."""
+    return [x - server_lr * q for x, q in zip(model, mean_update)]
+
+
+# --------------------------------------------------------------------------- server lr schedules
+SCHEDULES = ("constant", "polynomial", "exponential")
+
+
+def check_schedule(schedule: str, param: Any) -> None:
+    """Validate a server learning-rate schedule once (see :func:`scheduled_lr`)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"server_lr_schedule must be one of {SCHEDULES}, got {schedule!r}")
+    value = np.asarray(param, dtype=float)
+    if schedule == "polynomial" and (not np.all(np.isfinite(value)) or np.any(value < 0)):
+        raise ValueError(f"polynomial schedule needs alpha >= 0, got {param!r}")
+    if schedule == "exponential" and (np.any(value <= 0) or np.any(value > 1)):
+        raise ValueError(f"exponential schedule needs gamma in (0, 1], got {param!r}")
+
+
+def scheduled_lr(base_lr: Any, schedule: str, param: Any, t: Any) -> Any:
+    """Server step size eta_t at round t >= 1 (seed 000 Section IV-A).
+
+    constant: eta; polynomial: eta / t^alpha; exponential: eta * gamma^t.
+    ``t`` may be an array of rounds (all eta_t at once).
+    """
+    if schedule == "polynomial":
+        return base_lr / np.power(t, param)
+    if schedule == "exponential":
+        return base_lr * np.power(param, t)
+    return base_lr * np.ones(np.shape(t)) if np.ndim(t) else base_lr
+
+
+# --------------------------------------------------------------------------- plateau decay
+@dataclass
+class PlateauDecayConfig:
+    """Knobs of LocalUpdateDecay (seed 001 Section 9: Algorithm 3 with refinements W, P, C)."""
+
+    window: int = 100
+    patience: int = 100
+    cooldown: int = 100
+    min_delta: float = 1e-4
+    client_decay: float = 0.1
+    server_decay: float = 0.9
+    min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("window", "patience"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if int(self.cooldown) < 0:
+            raise ValueError(f"cooldown must be >= 0, got {self.cooldown!r}")
+        if not self.min_delta >= 0.0:
+            raise ValueError(f"min_delta must be >= 0, got {self.min_delta!r}")
+        for name in ("client_decay", "server_decay"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must lie in (0, 1], got {value!r}")
+        check_lr(self.min_lr, "min_lr")
+
+
+@dataclass
+class PlateauDecayState:
+    """State of the plateau rule; plain floats and lists, so it serialises to JSON."""
+
+    client_lr: float
+    server_lr: float
+    window: list[float]
+    best: float = math.inf
+    wait: int = 0
+    cooldown: int = 0
+    num_decays: int = 0
+
+    @classmethod
+    def start(cls, client_lr: float, server_lr: float, config: PlateauDecayConfig) -> PlateauDecayState:
+        """Window of W values set to +inf; the cooldown also covers the first C rounds."""
+        return cls(float(client_lr), float(server_lr), [math.inf] * int(config.window), cooldown=int(config.cooldown))
+
+
+def _decayed(lr: float, factor: float, min_lr: float) -> float:
+    """lr * factor floored at min_lr (a rate already below the floor is left alone)."""
+    return max(lr * factor, min(lr, min_lr))
+
+
+def plateau_decay_step(state: PlateauDecayState, value: float, config: PlateauDecayConfig) -> PlateauDecayState:
+    """Feed one monitored value; return the new state (seed 001 Section 9, as in the authors' TFF code).
+
+    window <- window[1:] + [value]; avg = mean(window).
+    If cooldown > 0: cooldown -= 1, wait = 0.
+    If avg < best - Delta: best = avg, wait = 0.
+    Else if cooldown <= 0: wait += 1, and when wait >= P: gamma <- gamma * client_decay,
+    eta <- eta * server_decay (floored at min_lr), cooldown = C, wait = 0.
+    """
+    window = state.window[1:] + [float(value)]
+    avg = sum(window) / len(window)
+    cooldown, wait, best = state.cooldown, state.wait, state.best
+    client_lr, server_lr, num_decays = state.client_lr, state.server_lr, state.num_decays
+    if cooldown > 0:
+        cooldown -= 1
+        wait = 0
+    if avg < best - config.min_delta:
+        best = avg
+        wait = 0
+    elif cooldown <= 0:
+        wait += 1
+        if wait >= config.patience:
+            client_lr = _decayed(client_lr, config.client_decay, config.min_lr)
+            server_lr = _decayed(server_lr, config.server_decay, config.min_lr)
+            cooldown = int(config.cooldown)
+            wait = 0
+            num_decays += 1
+    return PlateauDecayState(client_lr, server_lr, window, best, wait, cooldown, num_decays)

@@ -1,0 +1,1 @@
+"""fedmomentum theory package."""
