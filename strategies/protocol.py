@@ -16,7 +16,7 @@ SERVER_ROUND = "server-round"  # int
 CLIENT_LR = "client-lr"  # float: eta_l (FedAvgM/FedCM) or gamma (LocalUpdate), already decayed
 SERVER_LR = "server-lr"  # float: eta_t of this round (informative; FedCM's term already uses it)
 MOMENTUM = "momentum"  # float: beta (FedCM's local step needs it)
-THETA = "theta"  # list[float]: LocalUpdate Theta weights; len = K local steps
+THETA = "theta"  # str preset ("fedavg" / "fomaml", K from LOCAL_STEPS or epochs) or list[float] (K = len)
 LOCAL_EPOCHS = "local-epochs"  # int: E (ignored when LOCAL_STEPS > 0)
 LOCAL_STEPS = "local-steps"  # int: J; 0 means "E epochs of the client's data"
 

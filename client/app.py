@@ -1,0 +1,154 @@
+"""Flower ClientApp (Message API) of the CIFAR-10 experiments, importable as ``client.app:app``.
+
+The handlers are thin wrappers around :func:`train_on_partition` / :func:`evaluate_on_partition`, which a
+single-process benchmark can call directly to do the identical client work without Flower.
+
+Per-process caches (dataset memory maps, partitions, model objects) are keyed by the config, so repeated
+messages in one Ray actor reuse them; in a deployment every message runs in a fresh process, where loading
+stays cheap (``np.load(mmap_mode="r")`` plus a partition computed from the labels in milliseconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from client import config as C
+from client.data import Dataset, load_dataset
+from client.models import build_model
+from client.partition import dirichlet_partition
+from client.train import evaluate, get_device, load_arrays, local_train
+from strategies import protocol as P
+
+_DATASETS: dict[tuple, Dataset] = {}
+_PARTITIONS: dict[tuple, list[np.ndarray]] = {}
+_MODELS: dict[tuple, torch.nn.Module] = {}
+
+STATE_KEY = "client-data-config"  # context.state ConfigRecord: data keys of the last train message
+Arrays = ArrayRecord | Mapping[str, Any] | list[Any]
+
+
+# --------------------------------------------------------------------------- cached resources
+def get_dataset(cfg: Mapping[str, Any]) -> Dataset:
+    key = (cfg[C.DATASET], str(cfg[C.DATA_ROOT]), str(cfg[C.CACHE_DIR]))
+    if key not in _DATASETS:
+        _DATASETS[key] = load_dataset(key[0], key[1], key[2] or None, download=bool(cfg[C.DOWNLOAD]))
+    return _DATASETS[key]
+
+
+def get_partition(cfg: Mapping[str, Any], split: str = "train") -> list[np.ndarray]:
+    """Client indices of the train split (Dirichlet, alpha) or of the test split (IID shards)."""
+    ds = get_dataset(cfg)
+    alpha = cfg[C.ALPHA] if split == "train" else float("inf")
+    key = (ds.cache_path, split, int(cfg[C.NUM_PARTITIONS]), alpha, int(cfg[C.PARTITION_SEED]))
+    if key not in _PARTITIONS:
+        labels = ds.y_train if split == "train" else ds.y_test
+        _PARTITIONS[key] = dirichlet_partition(np.asarray(labels), key[2], alpha, key[4], ds.num_classes)
+    return _PARTITIONS[key]
+
+
+def get_model(name: str, num_classes: int) -> torch.nn.Module:
+    """One model object per (name, classes) and process, on the chosen device; weights are always loaded."""
+    key = (name, num_classes)
+    if key not in _MODELS:
+        _MODELS[key] = build_model(name, num_classes).to(get_device())
+    return _MODELS[key]
+
+
+def _to_named_arrays(arrays: Arrays) -> Mapping[str, Any] | list[Any]:
+    if isinstance(arrays, ArrayRecord):
+        return {k: v.numpy() for k, v in arrays.items()}
+    return arrays
+
+
+def _prepare(config: Mapping[str, Any], partition_id: int, node_config: Mapping[str, Any] | None):
+    cfg = C.resolve(config, node_config)
+    if cfg[C.TORCH_THREADS] and torch.get_num_threads() != int(cfg[C.TORCH_THREADS]):
+        torch.set_num_threads(int(cfg[C.TORCH_THREADS]))
+    if not 0 <= int(partition_id) < int(cfg[C.NUM_PARTITIONS]):
+        raise ValueError(f"partition-id {partition_id} outside [0, {cfg[C.NUM_PARTITIONS]})")
+    ds = get_dataset(cfg)
+    return cfg, ds, get_model(str(cfg[C.MODEL]), ds.num_classes)
+
+
+# --------------------------------------------------------------------------- plain functions
+def train_on_partition(
+    config: Mapping[str, Any],
+    arrays: Arrays,
+    partition_id: int,
+    correction: Arrays | None = None,
+    node_config: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, int | float]]:
+    """One round of local training of client ``partition_id``: (state_dict or q as numpy, metrics)."""
+    cfg, ds, model = _prepare(config, partition_id, node_config)
+    idx = get_partition(cfg, "train")[int(partition_id)]
+    load_arrays(model, _to_named_arrays(arrays))
+    corr = _to_named_arrays(correction) if correction is not None else None
+    result = local_train(model, ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, C.train_config(cfg, partition_id),
+                         correction=corr)
+    return {k: v.numpy() for k, v in result.arrays.items()}, result.metrics
+
+
+def evaluate_on_partition(
+    config: Mapping[str, Any], arrays: Arrays, partition_id: int, node_config: Mapping[str, Any] | None = None
+) -> dict[str, int | float]:
+    """Loss/accuracy of the received model on this partition's test shard (or its train data)."""
+    cfg, ds, model = _prepare(config, partition_id, node_config)
+    split = str(cfg[C.EVAL_SPLIT])
+    if split not in ("train", "test"):
+        raise ValueError(f"{C.EVAL_SPLIT} must be 'train' or 'test', got {split!r}")
+    idx = get_partition(cfg, split)[int(partition_id)]
+    x, y = (ds.x_train, ds.y_train) if split == "train" else (ds.x_test, ds.y_test)
+    load_arrays(model, _to_named_arrays(arrays))
+    loss, acc, n = evaluate(model, x[idx], y[idx], ds.mean, ds.std, int(cfg[C.EVAL_MAX_EXAMPLES]))
+    return {P.NUM_EXAMPLES: int(n), "loss": float(loss), "accuracy": float(acc)}
+
+
+# --------------------------------------------------------------------------- ClientApp
+app = ClientApp()
+
+
+def _partition_id(context: Context) -> int:
+    if P.PARTITION_ID not in context.node_config:
+        raise ValueError(f"node_config lacks {P.PARTITION_ID!r} (start the SuperNode with --node-config)")
+    return int(context.node_config[P.PARTITION_ID])
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training; the reply's "arrays" is the local model (FedAvgM, FedCM) or q (LocalUpdate)."""
+    content = msg.content
+    correction = content[P.FEDCM_CORRECTION] if P.FEDCM_CORRECTION in content.array_records else None
+    config = dict(content[P.CONFIG])
+    arrays, metrics = train_on_partition(config, content[P.ARRAYS], _partition_id(context),
+                                         correction=correction, node_config=context.node_config)
+    # remember the data keys, so evaluate messages without them still work (a fallback only)
+    context.state[STATE_KEY] = ConfigRecord({k: config[k] for k in C.DATA_KEYS if k in config})
+    reply = RecordDict({P.ARRAYS: ArrayRecord({k: torch.from_numpy(v) for k, v in arrays.items()}),
+                        P.METRICS: MetricRecord(metrics)})
+    return Message(reply, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate_handler(msg: Message, context: Context) -> Message:
+    """Evaluate the received model; reply "metrics" = {"num-examples", "loss", "accuracy"}.
+
+    The data keys (dataset, data-root, model, partitioning, ...) come from the message's "config", falling
+    back to those of the last train message this node handled (``context.state``).
+    """
+    config = dict(context.state[STATE_KEY]) if STATE_KEY in context.state.config_records else {}
+    if P.CONFIG in msg.content.config_records:
+        config.update(dict(msg.content[P.CONFIG]))
+    metrics = evaluate_on_partition(config, msg.content[P.ARRAYS], _partition_id(context), context.node_config)
+    return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the server which partition this node holds."""
+    return Message(RecordDict({P.CONFIG: ConfigRecord({P.PARTITION_ID: _partition_id(context)})}), reply_to=msg)

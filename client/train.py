@@ -1,0 +1,250 @@
+"""Local training of one client: the framework loop around the shared update rules of ``strategies.math``.
+
+- ``fedavgm``: J mini-batch SGD steps ``sgd_step`` (seed 000 Eq. 91); returns the local model.
+- ``fedcm``: J steps ``fedcm_local_step`` with the server's correction beta (theta^{t-1} - theta^{t-2}) / eta_t
+  (seed 000 Eq. 101); zero correction in round 1; returns the local model.
+- ``localupdate``: K SGD steps with lr gamma (K = len(Theta) for a list; for a preset "fedavg"/"fomaml",
+  K = J from local_steps or epochs), accumulating q = sum_k Theta_k g_k
+  (``localupdate_accumulate``; seed 001 Algorithm 2); returns q (same keys/shapes as the model).
+  gamma = 0 is valid: the model never moves and q = sum_k Theta_k g_k(x).
+
+Conventions (documented once here):
+- Mini-batches: every epoch is a fresh random permutation of the client's examples cut into ceil(n/B)
+  batches (drop_last=False, so the last batch may be smaller). E epochs give J = E * ceil(n/B) steps; a
+  positive ``local_steps`` J (or K for LocalUpdate) walks through as many consecutive epochs as needed.
+- Weight decay wd adds wd * theta to every gradient (all three algorithms, so q includes it too).
+- The gradient is that of the mean cross-entropy of the batch.
+- "loss-before": mean cross-entropy of the received model on the client's train examples, without
+  augmentation, over one full pass, or over ``loss_before_batches`` * B evenly spaced examples when positive.
+- "train-loss": mean of the batch losses seen during the local steps (augmented data, pre-step weights).
+- Randomness (batch order, augmentation) comes from one CPU torch.Generator seeded by (seed, round,
+  partition), so a CPU run is reproducible; the device (CUDA if available) is chosen once per process.
+- A non-finite batch loss (or non-finite returned arrays) is reported as metric ``nonfinite = 1``; training
+  stops at the first non-finite loss and the arrays are returned as they are.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from client.augment import prepare_batch
+from strategies import protocol as P
+from strategies.math import fedcm_local_step, localupdate_accumulate, sgd_step, theta_weights
+
+NONFINITE = "nonfinite"  # int metric: 1 when a loss or a returned array was NaN/inf
+TRAIN_TIME = "train-time"  # float metric: seconds spent in local_train (data prep + steps)
+EVAL_BATCH = 1000
+
+
+@dataclass
+class TrainConfig:
+    """One round's local-training settings (see ``strategies.protocol`` for the message keys)."""
+
+    algorithm: str
+    client_lr: float
+    momentum: float = 0.0
+    local_epochs: int = 1
+    local_steps: int = 0
+    batch_size: int = 50
+    weight_decay: float = 0.0
+    theta: Sequence[float] | str | None = None
+    augment: bool = True
+    loss_before_batches: int = 0
+    seed: int = 0
+    server_round: int = 1
+    partition_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in P.ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {P.ALGORITHMS}, got {self.algorithm!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.algorithm == "localupdate" and self.theta is None:
+            raise ValueError("localupdate needs theta (its length is the number of local steps K)")
+        needs_j = self.algorithm != "localupdate" or isinstance(self.theta, str)  # K from J, not len(theta)
+        if needs_j and self.local_steps <= 0 and self.local_epochs < 1:
+            raise ValueError("need local_steps > 0 or local_epochs >= 1")
+
+
+@dataclass
+class TrainResult:
+    arrays: dict[str, torch.Tensor]  # local model (fedavgm, fedcm) or q (localupdate), on CPU
+    metrics: dict[str, int | float]
+
+
+@lru_cache(maxsize=1)
+def get_device() -> torch.device:
+    """CUDA when available, else CPU; decided once per process."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def round_generator(seed: int, server_round: int, partition_id: int) -> torch.Generator:
+    """CPU generator seeded from (seed, round, partition) through numpy's SeedSequence."""
+    state = np.random.SeedSequence([int(seed), int(server_round), int(partition_id)]).generate_state(1, np.uint64)
+    return torch.Generator().manual_seed(int(state[0]) & (2**63 - 1))
+
+
+def num_local_steps(num_examples: int, batch_size: int, local_epochs: int, local_steps: int = 0) -> int:
+    """J = local_steps when positive, else E * ceil(n / B)."""
+    return int(local_steps) if local_steps > 0 else int(local_epochs) * math.ceil(num_examples / batch_size)
+
+
+def batch_indices(
+    num_examples: int, batch_size: int, num_steps: int, generator: torch.Generator
+) -> Iterator[np.ndarray]:
+    """``num_steps`` index batches; each epoch is a new permutation cut into ceil(n/B) batches."""
+    step = 0
+    while step < num_steps:
+        order = torch.randperm(num_examples, generator=generator).numpy()
+        for start in range(0, num_examples, batch_size):
+            if step == num_steps:
+                return
+            yield order[start : start + batch_size]
+            step += 1
+
+
+# --------------------------------------------------------------------------- arrays <-> model
+def load_arrays(model: nn.Module, arrays: Mapping[str, Any] | Sequence[Any]) -> None:
+    """Copy arrays into the model: a mapping keyed by state_dict names, or a list in state_dict order."""
+    state = model.state_dict()
+    values = _as_named(state, arrays, "model arrays")
+    model.load_state_dict({k: torch.as_tensor(np.asarray(v) if not torch.is_tensor(v) else v).to(state[k].dtype)
+                           for k, v in values.items()})
+
+
+def _as_named(state: Mapping[str, torch.Tensor], arrays: Mapping[str, Any] | Sequence[Any], what: str) -> dict:
+    """Key ``arrays`` by the state_dict names (accepting "0", "1", ... keys or a plain list) and check shapes."""
+    if isinstance(arrays, Mapping):
+        if set(arrays) == set(state):
+            named = dict(arrays)
+        elif set(arrays) == {str(i) for i in range(len(state))}:
+            named = {k: arrays[str(i)] for i, k in enumerate(state)}
+        else:
+            raise ValueError(f"{what}: keys {sorted(arrays)[:4]}... match neither the model's names nor '0', '1', ...")
+    else:
+        if len(arrays) != len(state):
+            raise ValueError(f"{what}: {len(arrays)} arrays for {len(state)} model tensors")
+        named = dict(zip(state, arrays))
+    for k, v in named.items():
+        if tuple(v.shape) != tuple(state[k].shape):
+            raise ValueError(f"{what}: {k} has shape {tuple(v.shape)}, model has {tuple(state[k].shape)}")
+    return named
+
+
+# --------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, mean: Sequence[float], std: Sequence[float],
+    max_examples: int = 0, device: torch.device | None = None,
+) -> tuple[float, float, int]:
+    """(mean loss, accuracy, n) of the model on uint8 images without augmentation.
+
+    ``max_examples > 0`` evaluates on that many evenly spaced examples instead of all of them.
+    """
+    device = device or get_device()
+    n = len(y)
+    idx = np.linspace(0, n - 1, max_examples).astype(np.int64) if 0 < max_examples < n else np.arange(n)
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(idx), EVAL_BATCH):
+        batch = idx[start : start + EVAL_BATCH]
+        logits = model(prepare_batch(x[batch], mean, std, device))
+        target = torch.from_numpy(np.asarray(y[batch])).to(device)
+        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(1) == target).sum())
+    return loss_sum / len(idx), correct / len(idx), len(idx)
+
+
+# --------------------------------------------------------------------------- local training
+def local_train(
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    mean: Sequence[float],
+    std: Sequence[float],
+    cfg: TrainConfig,
+    correction: Mapping[str, Any] | Sequence[Any] | None = None,
+    device: torch.device | None = None,
+) -> TrainResult:
+    """Run one round of local training on (x uint8 (n, 32, 32, 3), y int64) starting from ``model``'s weights.
+
+    ``correction`` is FedCM's server term per parameter (None = zero). The model is trained in place.
+    """
+    start_time = time.perf_counter()
+    device = device or get_device()
+    model.to(device)
+    x = np.ascontiguousarray(x)
+    y_all = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
+    n = len(y_all)
+    generator = round_generator(cfg.seed, cfg.server_round, cfg.partition_id)
+
+    loss_before = evaluate(model, x, y, mean, std, cfg.loss_before_batches * cfg.batch_size, device)[0]
+
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.algorithm == "localupdate":
+        # a list fixes K = len(theta); a preset ("fedavg", "fomaml") takes K = J of local_steps / epochs
+        weights = theta_weights(cfg.theta, num_local_steps(n, cfg.batch_size, cfg.local_epochs, cfg.local_steps))
+        num_steps = len(weights)
+        q = [torch.zeros_like(p) for p in params]
+    else:
+        num_steps = num_local_steps(n, cfg.batch_size, cfg.local_epochs, cfg.local_steps)
+    corr = None
+    if cfg.algorithm == "fedcm" and correction is not None:
+        named = _as_named(model.state_dict(), correction, "fedcm correction")
+        corr = [torch.as_tensor(np.asarray(named[k]) if not torch.is_tensor(named[k]) else named[k])
+                .to(device, p.dtype) for k, p in zip(names, params)]
+
+    model.train()
+    losses: list[torch.Tensor] = []
+    nonfinite = False
+    steps_done = 0
+    for k, idx in enumerate(batch_indices(n, cfg.batch_size, num_steps, generator)):
+        inputs = prepare_batch(x[idx], mean, std, device, generator if cfg.augment else None)
+        loss = F.cross_entropy(model(inputs), y_all[torch.from_numpy(idx).to(device)])
+        if not torch.isfinite(loss):
+            nonfinite = True
+            break
+        losses.append(loss.detach())
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for i, (p, g) in enumerate(zip(params, grads)):
+                if cfg.weight_decay:
+                    g = g + cfg.weight_decay * p
+                if cfg.algorithm == "fedcm":
+                    c = corr[i] if corr is not None else 0.0
+                    p.copy_(fedcm_local_step(p, g, cfg.client_lr, cfg.momentum, c, num_steps))
+                else:
+                    if cfg.algorithm == "localupdate":
+                        q[i] = localupdate_accumulate(q[i], g, float(weights[k]))
+                    if cfg.client_lr:
+                        p.copy_(sgd_step(p, g, cfg.client_lr))
+        steps_done += 1
+
+    if cfg.algorithm == "localupdate":
+        by_name = dict(zip(names, q))
+        out = {k: by_name[k] if k in by_name else torch.zeros_like(v) for k, v in model.state_dict().items()}
+    else:
+        out = dict(model.state_dict())
+    out = {k: v.detach().cpu().clone() for k, v in out.items()}
+    nonfinite = nonfinite or not all(bool(torch.isfinite(v).all()) for v in out.values())
+    train_loss = float(torch.stack(losses).mean()) if losses else float("nan")
+    metrics: dict[str, int | float] = {
+        P.NUM_EXAMPLES: int(n),
+        P.LOSS_BEFORE: float(loss_before),
+        P.TRAIN_LOSS: train_loss,
+        P.NUM_STEPS: int(steps_done),
+        NONFINITE: int(nonfinite),
+        TRAIN_TIME: float(time.perf_counter() - start_time),
+    }
+    return TrainResult(out, metrics)

@@ -1,0 +1,114 @@
+"""Flower-side client managers: map connected nodes to partition ids, then follow a schedule.
+
+Flower's Message-API strategies have no ClientManager, and the server cannot read a
+node's ``node_config``. So the manager asks each new node for its partition id with
+one QUERY message (answered by the ClientApp's ``@app.query()``), keeps the
+node -> partition map, and each round returns the nodes of the partitions that the
+schedule (:mod:`strategies.participation`) selects. Partitions without a connected
+node are skipped and logged; nodes that rejoin under a new id are queried again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from logging import INFO, WARNING
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from strategies import protocol
+from strategies.participation import CyclicSchedule, UniformSchedule
+
+
+class PartitionClientManager:
+    """Selects this round's nodes from a schedule over partition ids.
+
+    ``wait_for`` nodes (default: every partition) are awaited before the first round,
+    for at most ``wait_timeout`` seconds; later rounds never block on missing nodes.
+    """
+
+    def __init__(
+        self,
+        schedule: CyclicSchedule | UniformSchedule,
+        query_timeout: float = 120.0,
+        wait_timeout: float = 300.0,
+        wait_for: int | None = None,
+    ) -> None:
+        self.schedule = schedule
+        self.query_timeout = query_timeout
+        self.wait_timeout = wait_timeout
+        self.wait_for = schedule.num_clients if wait_for is None else wait_for
+        self.node_to_partition: dict[int, int] = {}
+        self.skipped: dict[int, list[int]] = {}
+        self._waited = False
+
+    @property
+    def num_clients(self) -> int:
+        """Number of partitions N the schedule covers."""
+        return self.schedule.num_clients
+
+    def wait_for_nodes(self, grid: Grid) -> int:
+        """Block until ``wait_for`` nodes are connected or ``wait_timeout`` passes."""
+        deadline = time.monotonic() + self.wait_timeout
+        while (count := len(list(grid.get_node_ids()))) < self.wait_for and time.monotonic() < deadline:
+            log(INFO, "Waiting for nodes: %d connected (want %d)", count, self.wait_for)
+            time.sleep(1.0)
+        return count
+
+    def refresh(self, grid: Grid) -> None:
+        """Forget departed nodes and query new ones for their partition id."""
+        connected = set(grid.get_node_ids())
+        self.node_to_partition = {n: p for n, p in self.node_to_partition.items() if n in connected}
+        unknown = sorted(connected - set(self.node_to_partition))
+        if not unknown:
+            return
+        messages = [
+            Message(RecordDict({protocol.CONFIG: ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in unknown
+        ]
+        for reply in grid.send_and_receive(messages, timeout=self.query_timeout):
+            if reply.has_error():
+                log(WARNING, "Partition query failed for node %s: %s", reply.metadata.src_node_id, reply.error.reason)
+                continue
+            for record in reply.content.config_records.values():
+                if protocol.PARTITION_ID in record:
+                    self.node_to_partition[reply.metadata.src_node_id] = int(record[protocol.PARTITION_ID])
+
+    def select(self, server_round: int, grid: Grid) -> list[int]:
+        """Node ids of the partitions scheduled for ``server_round`` that are connected."""
+        if not self._waited:
+            self.wait_for_nodes(grid)
+            self._waited = True
+        self.refresh(grid)
+        partition_to_node = {p: n for n, p in sorted(self.node_to_partition.items())}
+        wanted = self.schedule.clients_for_round(server_round)
+        missing = [p for p in wanted if p not in partition_to_node]
+        if missing:
+            self.skipped[server_round] = missing
+            log(WARNING, "Round %d: partitions %s have no connected node and are skipped", server_round, missing)
+        nodes = [partition_to_node[p] for p in wanted if p in partition_to_node]
+        log(INFO, "Round %d: partitions %s on %d nodes", server_round, wanted, len(nodes))
+        return nodes
+
+
+class CyclicClientManager(PartitionClientManager):
+    """Cyclic participation S^t = S^{t-p}, p = 1/C (seed 000 Assumption III.3)."""
+
+    def __init__(
+        self,
+        num_clients: int,
+        fraction: float,
+        seed: int = 0,
+        groups: Sequence[Sequence[int]] | None = None,
+        **kwargs: float,
+    ) -> None:
+        super().__init__(CyclicSchedule(num_clients, fraction, seed, groups), **kwargs)
+
+
+class UniformClientManager(PartitionClientManager):
+    """C*N partitions sampled uniformly without replacement each round."""
+
+    def __init__(self, num_clients: int, fraction: float, seed: int = 0, **kwargs: float) -> None:
+        super().__init__(UniformSchedule(num_clients, fraction, seed), **kwargs)

@@ -1,0 +1,27 @@
+"""Fixtures of the client tests: a small synthetic ImageFolder tree and its .tar.gz (see tests/datagen.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/conftest.py normally does this
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from datagen import make_image_folder, make_tarball  # noqa: E402
+
+PER_CLASS, TEST_PER_CLASS = 25, 12  # test_client_data.py and test_client_app.py rely on these sizes
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    classes = ("cat", "airplane", "dog", "bird")  # deliberately unsorted: loading must sort them
+    return make_image_folder(tmp_path_factory.mktemp("imgs") / "data", per_class=PER_CLASS, classes=classes,
+                             seed=0, test_per_class=TEST_PER_CLASS)
+
+
+@pytest.fixture(scope="session")
+def tarball(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tarball(image_folder, tmp_path_factory.mktemp("tar") / "data.tar.gz")

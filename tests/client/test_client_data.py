@@ -1,0 +1,104 @@
+"""Dataset loading and its cache (client/data.py)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from client import data
+from client.data import DECODE_STATS, load_dataset, normalisation_stats
+
+NUM_CLASSES, PER_CLASS, TEST_PER_CLASS = 4, 25, 12  # the image_folder fixture of conftest.py
+
+
+def test_folder_layout_and_labels(image_folder: Path, tmp_path: Path) -> None:
+    ds = load_dataset("cifar10_folder", image_folder, tmp_path)
+    assert ds.classes == ("airplane", "bird", "cat", "dog")  # sorted like ImageFolder
+    assert ds.x_train.shape == (NUM_CLASSES * PER_CLASS, 32, 32, 3) and ds.x_train.dtype == np.uint8
+    assert ds.y_train.dtype == np.int64 and np.bincount(ds.y_train).tolist() == [PER_CLASS] * NUM_CLASSES
+    assert ds.x_test.shape[0] == len(ds.y_test) == NUM_CLASSES * TEST_PER_CLASS
+    assert isinstance(ds.x_train, np.memmap)
+    # pixels equal PIL's decoding of the files (class "bird" is label 1, first file 0000.jpg)
+    first_bird = int(np.flatnonzero(ds.y_train == 1)[0])
+    expected = np.asarray(Image.open(image_folder / "train" / "bird" / "0000.jpg").convert("RGB"))
+    np.testing.assert_array_equal(ds.x_train[first_bird], expected)
+
+
+def test_folder_and_tarball_identical(image_folder: Path, tarball: Path, tmp_path: Path) -> None:
+    a = load_dataset("cifar10_folder", image_folder, tmp_path)
+    b = load_dataset("cifar10_folder", tarball, tmp_path)
+    assert a.cache_path != b.cache_path
+    for key in ("x_train", "y_train", "x_test", "y_test"):
+        np.testing.assert_array_equal(getattr(a, key), getattr(b, key))
+    assert a.classes == b.classes and a.mean == b.mean and a.std == b.std
+
+
+def test_cache_is_reused_and_invalidated(tarball: Path, tmp_path: Path) -> None:
+    before = DECODE_STATS["decoded"]
+    first = load_dataset("cifar10_folder", tarball, tmp_path)
+    assert DECODE_STATS["decoded"] == before + 1
+    meta_mtime = (first.cache_path / "meta.json").stat().st_mtime_ns
+    second = load_dataset("cifar10_folder", tarball, tmp_path)
+    assert DECODE_STATS["decoded"] == before + 1  # no second decode
+    assert second.cache_path == first.cache_path
+    assert (first.cache_path / "meta.json").stat().st_mtime_ns == meta_mtime
+    assert not list(first.cache_path.glob("*.tmp"))
+    copy = tmp_path / "copy.tar.gz"  # another source path (or a modified file) gets its own entry
+    copy.write_bytes(tarball.read_bytes())
+    assert load_dataset("cifar10_folder", copy, tmp_path).cache_path != first.cache_path
+    assert DECODE_STATS["decoded"] == before + 2
+
+
+def _load_in_child(args: tuple[str, str]) -> int:
+    load_dataset("cifar10_folder", args[0], args[1])
+    return DECODE_STATS["decoded"]
+
+
+def test_concurrent_processes_decode_once(tarball: Path, tmp_path: Path) -> None:
+    start = DECODE_STATS["decoded"]
+    with mp.get_context("fork").Pool(3) as pool:
+        counts = pool.map(_load_in_child, [(str(tarball), str(tmp_path))] * 3)
+    assert sum(c - start for c in counts) == 1
+    ds = load_dataset("cifar10_folder", tarball, tmp_path)
+    assert len(ds.y_train) == NUM_CLASSES * PER_CLASS
+
+
+def test_missing_sources_name_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.tar.gz"
+    with pytest.raises(FileNotFoundError, match="nope.tar.gz"):
+        load_dataset("cifar10_folder", missing, tmp_path / "cache")
+    with pytest.raises(FileNotFoundError, match="download=False"):
+        load_dataset("cifar10", tmp_path / "tv", tmp_path / "cache", download=False)
+    with pytest.raises(ValueError, match="unknown dataset"):
+        load_dataset("mnist", tmp_path, tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()  # nothing was started
+
+
+def test_malformed_sources(tmp_path: Path) -> None:
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "a.jpg").write_bytes(b"")
+    with pytest.raises(ValueError, match="train/<class>"):
+        load_dataset("cifar10_folder", tmp_path / "flat", tmp_path / "cache")
+    (tmp_path / "junk.bin").write_bytes(b"not a tar")
+    with pytest.raises(ValueError, match="neither"):
+        load_dataset("cifar10_folder", tmp_path / "junk.bin", tmp_path / "cache")
+
+
+def test_normalisation_stats_match_numpy() -> None:
+    x = np.random.default_rng(0).integers(0, 256, size=(50, 32, 32, 3), dtype=np.uint8)
+    mean, std = normalisation_stats(x)
+    flat = x.reshape(-1, 3) / 255.0
+    np.testing.assert_allclose(mean, flat.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(std, flat.std(0), rtol=1e-10)
+
+
+def test_default_cache_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FEDMOMENTUM_CACHE", str(tmp_path))
+    assert data.default_cache_dir() == tmp_path
+    monkeypatch.delenv("FEDMOMENTUM_CACHE")
+    assert data.default_cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "fedmomentum"
