@@ -160,6 +160,9 @@ class _ServerOptStrategy(FedAvg):
         client_lr = self.current_client_lr()
         metrics = MetricRecord()
         if valid:
+            if self.client_manager is not None:  # a fixed summation order: same model in every engine
+                partition = self.client_manager.node_to_partition
+                valid.sort(key=lambda m: partition.get(m.metadata.src_node_id, -1))
             contents = [m.content for m in valid]
             per_client = [c[self.arrayrecord_key].to_numpy_ndarrays() for c in contents]
             weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]

@@ -1,0 +1,190 @@
+"""Flower ServerApp of the experiments and the round loop shared by simulation and deployment.
+
+One round: the strategy selects nodes and packs the message (``configure_train``),
+the grid delivers it, the strategy applies its server rule (``aggregate_train``),
+then the server evaluates the global model on the test set every ``eval_every``
+rounds, appends a metrics row (CSV + JSONL, flushed), logs a progress line and
+checkpoints every ``checkpoint_every`` rounds. ``resume=true`` restarts from the last
+checkpoint with the same results as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Context
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from server import build, checkpoint
+from server import config as config_lib
+from server.results import MetricsWriter, plot_run
+from strategies import protocol
+
+
+class DivergenceError(RuntimeError):
+    """Training produced NaN/inf; everything written so far is kept."""
+
+
+def _train_config(cfg: dict[str, Any]) -> ConfigRecord:
+    static = config_lib.client_config(cfg)
+    threads = int(cfg["client"].get("torch_threads", 0))
+    if threads:
+        static["torch-threads"] = threads
+    return ConfigRecord(static)
+
+
+def _metric(metrics: Any, key: str) -> float | None:
+    return float(metrics[key]) if metrics is not None and key in metrics else None
+
+
+def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any) -> int:
+    """Load the checkpoint into the strategy; the last completed round (0 when starting fresh)."""
+    loaded = checkpoint.load(run_dir) if cfg.get("resume") else None
+    if loaded is None:
+        if cfg.get("resume"):
+            log(WARNING, "resume=true but %s has no checkpoint: starting from round 1", run_dir)
+        return 0
+    state, arrays = loaded
+    for key in ("strategy", "model", "num_clients", "participation", "seed"):
+        if state["config"].get(key) != cfg.get(key):
+            raise config_lib.ConfigError(f"cannot resume: '{key}' differs from the checkpoint's run")
+    strategy.load_state_dict(state["strategy"], arrays)
+    log(INFO, "Resuming %s after round %d", run_dir, state["round"])
+    return int(state["round"])
+
+
+def run_experiment(grid: Grid, cfg: dict[str, Any], run_dir: Path | str | None = None) -> dict[str, Any]:
+    """Run (or resume) the configured experiment on ``grid``; returns a summary dict."""
+    cfg = config_lib.validate(cfg)
+    run_dir = Path(run_dir or cfg["run_dir"]).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "run.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(handler)
+    try:
+        return _run(grid, cfg, run_dir)
+    finally:
+        flwr_logger.removeHandler(handler)
+        handler.close()
+
+
+def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    (run_dir / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
+    num_rounds, eval_every, ckpt_every = int(cfg["num_rounds"]), int(cfg["eval_every"]), int(cfg["checkpoint_every"])
+
+    strategy = build.build_strategy(cfg)
+    start = _resume(cfg, run_dir, strategy)
+    arrays = strategy.model_record() if start else build.initial_model(cfg)
+    dataset = build.server_dataset(cfg)
+    if not start:
+        build.save_partition_summary(cfg, dataset, run_dir)
+    evaluator = build.Evaluator(cfg, dataset)
+    writer = MetricsWriter(run_dir, keep_rounds_upto=start if start else None)
+    train_config = _train_config(cfg)
+    t_run = time.time()
+    log(INFO, "Run dir %s: %s, %s, %d clients, rounds %d..%d", run_dir, cfg["strategy"]["name"],
+        cfg["model"]["name"], cfg["num_clients"], start + 1, num_rounds)
+    if start == 0:
+        loss0, acc0 = evaluator(arrays)
+        writer.append({"round": 0, "accuracy": acc0, "loss": loss0, "seconds": 0.0, "elapsed": 0.0})
+        log(INFO, "[round 0/%d] accuracy %.4f loss %.4f", num_rounds, acc0, loss0)
+
+    for rnd in range(start + 1, num_rounds + 1):
+        t0 = time.time()
+        messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
+        replies = list(grid.send_and_receive(messages, timeout=float(cfg["round_timeout"]))) if messages else []
+        new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+        arrays = new_arrays if new_arrays is not None else arrays
+        row = {
+            "round": rnd,
+            "server_lr": _metric(metrics, "server-lr"),
+            "client_lr": _metric(metrics, "client-lr"),
+            "train_loss": _metric(metrics, protocol.TRAIN_LOSS),
+            "loss_before": _metric(metrics, protocol.LOSS_BEFORE),
+            "num_selected": len(messages),
+            "num_replies": int(_metric(metrics, "num-replies") or 0),
+            "num_failures": int(_metric(metrics, "num-failures") or 0),
+        }
+        diverged = _divergence(row, metrics, strategy)
+        if not diverged and (rnd % eval_every == 0 or rnd == num_rounds):
+            row["loss"], row["accuracy"] = evaluator(arrays)
+        row["seconds"] = time.time() - t0
+        row["elapsed"] = time.time() - t_run
+        writer.append(row)
+        _log_progress(rnd, num_rounds, row)
+        if diverged:
+            plot_run(run_dir)
+            raise DivergenceError(f"training diverged at round {rnd} ({diverged}); metrics up to this round and "
+                                  f"the last checkpoint are in {run_dir}")
+        if rnd % ckpt_every == 0 or rnd == num_rounds:
+            meta, state_arrays = strategy.state_dict()
+            checkpoint.save(run_dir, rnd, meta, state_arrays, cfg)
+    plot_run(run_dir)
+    final = {k: v.numpy() for k, v in arrays.items()}
+    np.savez(run_dir / "final_model.npz", **final)
+    last = writer.rows[-1] if writer.rows else {}
+    summary = {"run_dir": str(run_dir), "rounds": num_rounds, "accuracy": last.get("accuracy"),
+               "loss": last.get("loss"), "seconds": time.time() - t_run}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _divergence(row: dict[str, Any], metrics: Any, strategy: Any) -> str:
+    """Why this round counts as diverged ('' when it does not)."""
+    if metrics is not None and float(metrics.get("nonfinite", 0.0)) > 0:
+        return "a client reported a non-finite loss"
+    for key in ("train_loss", "loss_before"):
+        if row[key] is not None and not math.isfinite(row[key]):
+            return f"{key} = {row[key]}"
+    if strategy.model is not None and not all(np.all(np.isfinite(a)) for a in strategy.model):
+        return "the global model has non-finite weights"
+    return ""
+
+
+def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any]) -> None:
+    def fmt(key: str, spec: str = ".4f") -> str:
+        value = row.get(key)
+        return "-" if value is None else format(value, spec)
+
+    log(INFO, "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
+        "failures %d %.1fs", rnd, num_rounds, fmt("accuracy"), fmt("loss"), fmt("train_loss"),
+        fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"], row["num_selected"],
+        row["num_failures"], row["seconds"])
+
+
+# --------------------------------------------------------------------------- deployed ServerApp
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Deployment entry: the config arrives base64-encoded in the run config key ``config-b64``."""
+    encoded = str(context.run_config.get("config-b64", ""))
+    if not encoded:
+        raise config_lib.ConfigError("run config key 'config-b64' is empty: submit runs with flower-deploy")
+    cfg = config_lib.decode(encoded)
+    run_experiment(grid, cfg, cfg["run_dir"])
+
+
+def make_server_app(cfg: dict[str, Any], result: dict[str, Any]) -> ServerApp:
+    """A ServerApp running ``cfg`` (simulation passes the config by closure); the summary lands in ``result``."""
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        try:
+            result.update(run_experiment(grid, cfg, cfg["run_dir"]))
+        except Exception as err:  # surfaced by flower-simulation after Ray shuts down
+            result["error"] = err
+            raise
+
+    return server_app

@@ -1,0 +1,89 @@
+"""Build the run's parts from a validated config: strategy + participation, initial model, evaluator."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+
+from client.data import Dataset, load_dataset
+from client.models import build_model
+from client.partition import dirichlet_partition, label_histograms, parse_alpha, save_histograms
+from client.train import evaluate, get_device, load_arrays
+from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay, UniformClientManager
+from strategies.flower import _ServerOptStrategy
+
+DECAY_KEYS = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
+
+
+def build_strategy(cfg: Mapping[str, Any]) -> _ServerOptStrategy:
+    """The configured strategy with its cyclic or uniform client manager (server-side evaluation only)."""
+    s, p = cfg["strategy"], cfg["participation"]
+    manager_cls = CyclicClientManager if p["mode"] == "cyclic" else UniformClientManager
+    extra = {"groups": p.get("groups")} if p["mode"] == "cyclic" else {}
+    manager = manager_cls(int(cfg["num_clients"]), float(p["fraction"]), int(cfg["seed"]),
+                          query_timeout=float(cfg["round_timeout"]), wait_timeout=float(cfg["round_timeout"]), **extra)
+    common = dict(
+        server_lr=float(s["server_lr"]),
+        client_lr=float(s["client_lr"]),
+        server_lr_schedule=s.get("server_lr_schedule", "constant"),
+        schedule_param=float(s.get("schedule_param", 1.0)),
+        client_manager=manager,
+        fraction_evaluate=0.0,
+        min_available_nodes=1,
+        min_train_nodes=1,
+    )
+    name = s["name"]
+    if name == "fedavgm":
+        return FedAvgM(momentum=float(s["momentum"]), **common)
+    if name == "fedcm":
+        return FedCM(momentum=float(s["momentum"]), **common)
+    theta = s.get("theta", "fedavg")
+    theta = theta if isinstance(theta, str) else [float(w) for w in theta]
+    if name == "localupdate":
+        return LocalUpdate(theta=theta, local_steps=int(cfg["client"].get("local_steps", 0)), **common)
+    return LocalUpdateDecay(theta=theta, local_steps=int(cfg["client"].get("local_steps", 0)),
+                            **{k: s[k] for k in DECAY_KEYS}, **common)
+
+
+def initial_model(cfg: Mapping[str, Any]) -> ArrayRecord:
+    """theta^0: the configured model initialised from ``seed``."""
+    torch.manual_seed(int(cfg["seed"]))
+    model = build_model(cfg["model"]["name"])
+    return ArrayRecord(model.state_dict())
+
+
+def server_dataset(cfg: Mapping[str, Any]) -> Dataset:
+    """The dataset the clients use (same source and cache), for server-side evaluation."""
+    d = cfg["data"]
+    return load_dataset(d["name"], d["root"], d.get("cache_dir") or None, download=bool(d.get("download", False)))
+
+
+def save_partition_summary(cfg: Mapping[str, Any], ds: Dataset, run_dir: Path) -> np.ndarray:
+    """Per-client label histograms of the clients' split (csv, json, png in the run dir)."""
+    parts = dirichlet_partition(np.asarray(ds.y_train), int(cfg["num_clients"]), parse_alpha(cfg["data"]["alpha"]),
+                                int(cfg["seed"]), ds.num_classes)
+    hist = label_histograms(np.asarray(ds.y_train), parts, ds.num_classes)
+    save_histograms(run_dir, hist, ds.classes, title=f"alpha={cfg['data']['alpha']}", stem="partition")
+    return hist
+
+
+class Evaluator:
+    """Server-side test-set evaluation of a global model."""
+
+    def __init__(self, cfg: Mapping[str, Any], ds: Dataset) -> None:
+        self.ds = ds
+        self.model = build_model(cfg["model"]["name"], ds.num_classes).to(get_device())
+        self.max_examples = int(cfg.get("eval_max_examples", 0))
+
+    def __call__(self, arrays: ArrayRecord) -> tuple[float, float]:
+        """(test loss, test accuracy)."""
+        load_arrays(self.model, {k: v.numpy() for k, v in arrays.items()})
+        with torch.no_grad():
+            loss, acc, _ = evaluate(self.model, self.ds.x_test, self.ds.y_test, self.ds.mean, self.ds.std,
+                                    self.max_examples)
+        return float(loss), float(acc)

@@ -1,0 +1,156 @@
+"""Experiment configuration: validation before any work, and the plain dict every part reads.
+
+Hydra composes ``conf/``; :func:`to_plain` resolves it into a JSON-able dict and
+:func:`validate` rejects bad input with a message naming the key, before Ray or any
+Flower process starts. The same dict travels to a deployed ServerApp base64-encoded
+in the run config key ``config-b64`` (:func:`encode` / :func:`decode`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from client.partition import parse_alpha
+from strategies import math as fm
+from strategies.participation import make_schedule
+
+STRATEGIES = ("fedavgm", "fedcm", "localupdate", "localupdate_decay")
+MODELS = ("cnn", "resnet20")
+DATASETS = ("cifar10", "cifar10_folder")
+TOY_DATASETS = ()
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key."""
+
+
+def to_plain(cfg: Any) -> dict[str, Any]:
+    """Resolve a Hydra DictConfig (or pass a dict through) into plain Python containers."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(cfg):
+            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover - omegaconf comes with hydra-core
+        pass
+    return json.loads(json.dumps(cfg))
+
+
+def _require(cfg: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ConfigError(f"missing config key '{dotted}'")
+        node = node[part]
+    return node
+
+
+def _positive_int(cfg: Mapping[str, Any], key: str, minimum: int = 1) -> int:
+    value = _require(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"'{key}' must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _check(key: str, check: Any, *args: Any) -> None:
+    try:
+        check(*args)
+    except ValueError as err:
+        raise ConfigError(f"'{key}': {err}") from None
+
+
+def validate(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Check every key an experiment reads; absolutise paths in place. Returns ``cfg``."""
+    _positive_int(cfg, "num_rounds")
+    num_clients = _positive_int(cfg, "num_clients")
+    _positive_int(cfg, "seed", 0)
+    _positive_int(cfg, "eval_every")
+    _positive_int(cfg, "checkpoint_every")
+    _positive_int(cfg, "eval_max_examples", 0)
+    s = _require(cfg, "strategy")
+    name = _require(cfg, "strategy.name")
+    if name not in STRATEGIES:
+        raise ConfigError(f"'strategy.name' must be one of {STRATEGIES}, got {name!r}")
+    fedcm = name == "fedcm"
+    _check("strategy.server_lr", fm.check_lr, _require(cfg, "strategy.server_lr"), "server_lr", not fedcm)
+    _check("strategy.client_lr", fm.check_lr, _require(cfg, "strategy.client_lr"), "client_lr")
+    if name in ("fedavgm", "fedcm"):
+        _check("strategy.momentum", fm.check_momentum, _require(cfg, "strategy.momentum"))
+    else:
+        _check("strategy.theta", fm.theta_weights, _require(cfg, "strategy.theta"), 1)
+    _check("strategy.server_lr_schedule", fm.check_schedule, s.get("server_lr_schedule", "constant"),
+           s.get("schedule_param", 1.0))
+    if name == "localupdate_decay":
+        keys = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
+        _check("strategy", fm.PlateauDecayConfig, *[_require(cfg, f"strategy.{k}") for k in keys])
+    model = _require(cfg, "model.name")
+    if model not in MODELS:
+        raise ConfigError(f"'model.name' must be one of {MODELS}, got {model!r}")
+    p = _require(cfg, "participation")
+    _check("participation.fraction", make_schedule, _require(cfg, "participation.mode"), num_clients,
+           float(_require(cfg, "participation.fraction")), cfg["seed"], p.get("groups"))
+    c = _require(cfg, "client")
+    _positive_int(cfg, "client.batch_size")
+    _positive_int(cfg, "client.local_epochs", 0 if int(c.get("local_steps", 0)) > 0 else 1)
+    _positive_int(cfg, "client.local_steps", 0)
+    _check("client.weight_decay", fm.check_lr, c.get("weight_decay", 0.0), "weight_decay")
+    _validate_data(cfg)
+    b = cfg.get("backend", {})
+    for key in ("num_cpus", "num_gpus"):
+        if float(b.get(key, 0)) < 0 or (key == "num_cpus" and float(b.get(key, 1)) <= 0):
+            raise ConfigError(f"'backend.{key}' must be positive, got {b.get(key)!r}")
+    return cfg
+
+
+def _validate_data(cfg: dict[str, Any]) -> None:
+    data = _require(cfg, "data")
+    name = _require(cfg, "data.name")
+    if name not in DATASETS:
+        raise ConfigError(f"'data.name' must be one of {DATASETS}, got {name!r}")
+    _check("data.alpha", parse_alpha, _require(cfg, "data.alpha"))
+    root = os.path.abspath(os.path.expanduser(str(_require(cfg, "data.root"))))
+    data["root"] = root
+    if data.get("cache_dir"):
+        data["cache_dir"] = os.path.abspath(os.path.expanduser(str(data["cache_dir"])))
+    if name == "cifar10_folder" and not os.path.exists(root):
+        raise ConfigError(f"'data.root': no ImageFolder tree or .tar.gz at {root}")
+    if name == "cifar10" and not data.get("download") and not os.path.isdir(root):
+        raise ConfigError(f"'data.root': {root} does not exist and data.download is false")
+
+
+def client_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The static part of every train message's ConfigRecord (see client/config.py)."""
+    c, d = cfg["client"], cfg["data"]
+    alpha = parse_alpha(d["alpha"])
+    return {
+        "model": cfg["model"]["name"],
+        "dataset": d["name"],
+        "data-root": d["root"],
+        "cache-dir": d.get("cache_dir") or "",
+        "download": bool(d.get("download", False)),
+        "num-partitions": int(cfg["num_clients"]),
+        "alpha": "inf" if math.isinf(alpha) else float(alpha),
+        "partition-seed": int(cfg["seed"]),
+        "seed": int(cfg["seed"]),
+        "batch-size": int(c["batch_size"]),
+        "weight-decay": float(c.get("weight_decay", 0.0)),
+        "augment": bool(c.get("augment", True)),
+        "loss-before-batches": int(c.get("loss_before_batches", 0)),
+        "local-epochs": int(c.get("local_epochs", 1)),
+        "local-steps": int(c.get("local_steps", 0)),
+    }
+
+
+def encode(cfg: Mapping[str, Any]) -> str:
+    """Base64 JSON of a plain config (the run-config value ``config-b64``)."""
+    return base64.b64encode(json.dumps(cfg, sort_keys=True).encode()).decode()
+
+
+def decode(text: str) -> dict[str, Any]:
+    """Inverse of :func:`encode`."""
+    return json.loads(base64.b64decode(text.encode()).decode())

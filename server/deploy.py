@@ -1,0 +1,177 @@
+"""``flower-deploy``: the Hydra-configured experiment on Flower's deployment engine (SuperLink + SuperNodes).
+
+    flower-deploy num_rounds=50 data.root=/data/cifar10-jpeg.tar.gz          # local federation, N SuperNodes
+    flower-deploy deploy.tls=true deploy.auth=true                          # TLS + SuperNode authentication
+    flower-deploy deploy.superlink=10.0.0.5:8000 deploy.spawn_supernodes=0 \
+        deploy.root_certificates=certs/ca.crt                               # submit to an existing federation
+    flower-deploy resume=true run_dir=outputs/2026-01-01/12-00-00 hydra.run.dir=outputs/2026-01-01/12-00-00
+
+The config is composed and validated exactly as for ``flower-simulation``, then sent to the ServerApp
+(``server.app:app``) base64-encoded in the run config key ``config-b64`` through ``flwr run --stream``.
+The run writes the same run directory; the deployment's own files (logs, certificates, ``$FLWR_HOME``)
+go to ``<run_dir>/deploy``. Every process started here is stopped again, also on Ctrl-C, SIGTERM and failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from server import config as config_lib
+from server.federation import DeployError, Federation, FederationOptions, RunResult
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = ROOT / "conf"
+_OPTION_KEYS = ("host", "address", "fleet_port", "control_port", "superlink", "root_certificates", "tls", "auth",
+                "cert_hosts", "database", "startup_timeout", "stop_timeout")
+
+
+def options(deploy: dict[str, Any]) -> FederationOptions:
+    """FederationOptions from the ``deploy`` config group."""
+    kwargs = {k: deploy[k] for k in _OPTION_KEYS if deploy.get(k) is not None}
+    kwargs["cert_hosts"] = [str(h) for h in kwargs.get("cert_hosts", [])]
+    return FederationOptions(**kwargs)
+
+
+def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Check the ``deploy`` group (after :func:`server.config.validate`); returns it."""
+    d = cfg.get("deploy")
+    if not isinstance(d, dict):
+        raise config_lib.ConfigError("missing config group 'deploy'")
+    spawn = d.get("spawn_supernodes", 0)
+    if isinstance(spawn, bool) or not isinstance(spawn, int) or not 0 <= spawn <= int(cfg["num_clients"]):
+        raise config_lib.ConfigError(f"'deploy.spawn_supernodes' must be in [0, num_clients], got {spawn!r}")
+    if d.get("superlink") is not None and ":" not in str(d["superlink"]):
+        raise config_lib.ConfigError(f"'deploy.superlink' must be HOST:PORT, got {d['superlink']!r}")
+    if d.get("auth") and not (d.get("tls") or d.get("root_certificates")):
+        raise config_lib.ConfigError("'deploy.auth' needs 'deploy.tls=true' (Flower requires TLS for node auth)")
+    if d.get("superlink") is not None and (d.get("tls") or d.get("auth")):
+        raise config_lib.ConfigError("'deploy.tls'/'deploy.auth' configure a spawned SuperLink; for an existing "
+                                     "one set 'deploy.root_certificates' and register nodes with its operator")
+    for key in ("fleet_port", "control_port", "max_restarts", "run_timeout", "startup_timeout", "stop_timeout"):
+        value = d.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise config_lib.ConfigError(f"'deploy.{key}' must be a number >= 0, got {value!r}")
+    if d.get("root_certificates") and not Path(str(d["root_certificates"])).expanduser().is_file():
+        raise config_lib.ConfigError(f"'deploy.root_certificates': no file at {d['root_certificates']}")
+    return d
+
+
+def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
+           on_start: Callable[[Federation], None] | None = None) -> RunResult:
+    """Validate ``cfg``, start the federation, submit the run (resuming after a SuperLink crash), stop everything.
+
+    ``on_start`` is called with the running federation before the first submission (tests use it).
+    """
+    cfg = config_lib.validate(cfg)
+    d = validate_deploy(cfg)
+    run_dir = Path(cfg["run_dir"]).resolve()
+    cfg["run_dir"] = str(run_dir)
+    app_dir = Path(d.get("app_dir") or ROOT)
+    fed = Federation(run_dir / "deploy", app_dir, options(d))
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    result: RunResult | None = None
+    try:
+        if fed.spawn:
+            fed.start_superlink()
+            fed.start_supernodes(int(d["spawn_supernodes"]), int(cfg["num_clients"]), d.get("data_root"))
+        _write_pids(fed)
+        if on_start is not None:
+            on_start(fed)
+        restarts = 0
+        while True:
+            result = fed.submit({"config-b64": config_lib.encode(cfg)}, on_line, float(d.get("run_timeout") or 0))
+            if result.status != "superlink-lost" or restarts >= int(d.get("max_restarts", 0)):
+                break
+            restarts += 1
+            on_line(f"flower-deploy: SuperLink lost (run {result.run_id}); restart {restarts}, "
+                    f"resuming from the last checkpoint in {run_dir}")
+            _restart_superlink(fed)
+            cfg["resume"] = True
+        return result
+    except KeyboardInterrupt:
+        if result is None and not fed.spawn and fed.cli:
+            on_line("flower-deploy: interrupted; asking the SuperLink to stop the run")
+            run_id = _last_run_id(fed)
+            if run_id is not None:
+                fed.stop_run(run_id)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        left = fed.stop()
+        if left:
+            on_line(f"flower-deploy: WARNING processes still alive after stop: {left}")
+
+
+def _restart_superlink(fed: Federation) -> None:
+    """Start the SuperLink again on the same ports; restart SuperNodes that gave up meanwhile."""
+    fed.start_superlink()
+    if fed.options.auth and not fed.options.database:  # registrations lived in the lost in-memory state
+        for key in fed.node_keys.values():
+            fed.flwr("supernode", "register", str(key.public), "fedmomentum", check=False)
+    for pid, proc in list(fed.supernodes.items()):
+        if not proc.alive():
+            num = int(proc.cmd[proc.cmd.index("--node-config") + 1].split("num-partitions=")[1].split()[0])
+            fed.start_supernode(pid, num)
+    _write_pids(fed)
+
+
+def _write_pids(fed: Federation) -> None:
+    """<run_dir>/deploy/pids.json: PIDs of the SuperLink and SuperNodes (for operators and tests)."""
+    pids = {"superlink": fed.superlink.pid if fed.superlink else None,
+            "supernodes": {str(k): p.pid for k, p in fed.supernodes.items()},
+            "control_address": fed.control_address, "fleet_address": fed.fleet_address}
+    (fed.workdir / "pids.json").write_text(json.dumps(pids, indent=1))
+
+
+def _last_run_id(fed: Federation) -> int | None:
+    from server.federation import RUN_ID
+
+    text = (fed.log_dir / "flwr-run.log").read_text() if (fed.log_dir / "flwr-run.log").exists() else ""
+    found = RUN_ID.findall(text)
+    return int(found[-1]) if found else None
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+def _hydra_main(cfg: DictConfig) -> None:
+    root = logging.getLogger()  # Flower's lines arrive through the stream; keep Hydra's file handler only
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
+        root.removeHandler(handler)
+    plain = config_lib.to_plain(cfg)
+    plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
+    try:
+        result = deploy(plain, on_line=lambda line: print(line, flush=True))
+    except config_lib.ConfigError as err:
+        print(f"flower-deploy: invalid configuration: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except DeployError as err:
+        print(f"flower-deploy: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        print("flower-deploy: interrupted; all processes stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+    if not result.ok:
+        print(f"flower-deploy: run {result.run_id} ended with status {result.status!r} "
+              f"(logs in {plain['run_dir']}/deploy/logs)", file=sys.stderr)
+        raise SystemExit(1)
+    summary_path = Path(plain["run_dir"]) / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    print(f"flower-deploy: finished run {result.run_id} ({summary.get('rounds')} rounds, accuracy "
+          f"{summary.get('accuracy')}) in {result.seconds:.1f} s, results in {plain['run_dir']}")
+
+
+def main() -> None:
+    """Console entry point."""
+    _hydra_main()

@@ -1,0 +1,182 @@
+"""OS process bookkeeping for the deployment: start, watch and stop Flower processes by PID.
+
+Every process is started in its own session (``start_new_session``), so its process group holds the
+process and the children it does not detach (a SuperNode's SuperExec and ``flwr-clientapp`` processes).
+The SuperLink detaches its SuperExec (and with it every ``flwr-serverapp``) into a new session, so each
+:class:`ManagedProcess` also remembers the process groups of the descendants it has seen
+(:meth:`ManagedProcess.snapshot`). Stopping signals exactly those PIDs: nothing is matched by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+FLOWER_MARKERS = ("flower-", "flwr")  # a PID is signalled only while its command line still looks like Flower's
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def executable(name: str) -> str:
+    """Path of a console script of this interpreter's environment (``flwr``, ``flower-superlink``, ...)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, pgid) of a live, non-zombie ``pid``; None otherwise."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the command name may contain spaces and parentheses
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[1]), int(fields[2])
+
+
+def process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, pgid) of every live process."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) is not None:
+            table[int(entry)] = st
+    return table
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` ('' when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _is_flower(pid: int) -> bool:
+    line = cmdline(pid)
+    return any(marker in line for marker in FLOWER_MARKERS)
+
+
+class ManagedProcess:
+    """One started command (SuperLink, SuperNode, ``flwr run``) with its log file and process groups."""
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: Mapping[str, str], cwd: Path) -> None:
+        self.name, self.cmd, self.log_path, self.env, self.cwd = name, cmd, log_path, dict(env), cwd
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.pgids: set[int] = set()
+        self.pids: set[int] = set()
+
+    def start(self) -> ManagedProcess:
+        """Start the command in a new session; stdout and stderr go to ``log_path`` (appended)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n$ {' '.join(self.cmd)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=self.env, cwd=self.cwd, start_new_session=True)
+        self.pgids.add(self.popen.pid)
+        self.pids.add(self.popen.pid)
+        return self
+
+    @property
+    def pid(self) -> int:
+        """PID of the started command."""
+        if self.popen is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        """True while the command itself runs."""
+        return self.popen is not None and self.popen.poll() is None
+
+    def returncode(self) -> int | None:
+        """Exit status once the command has ended."""
+        return None if self.popen is None else self.popen.poll()
+
+    def snapshot(self, table: Mapping[int, tuple[int, int]] | None = None) -> None:
+        """Remember the PIDs and process groups of the current descendants (children may detach)."""
+        if self.popen is None:
+            return
+        table = process_table() if table is None else table
+        frontier = [pid for pid in self.pids if pid in table]
+        while frontier:
+            parent = frontier.pop()
+            for pid, (ppid, pgid) in table.items():
+                if ppid == parent and pid not in self.pids:
+                    self.pids.add(pid)
+                    self.pgids.add(pgid)
+                    frontier.append(pid)
+
+    def members(self, table: Mapping[int, tuple[int, int]] | None = None) -> set[int]:
+        """Live PIDs that belong to this process: its tree as seen so far and its process groups."""
+        table = process_table() if table is None else table
+        return {pid for pid, (_, pgid) in table.items() if (pid in self.pids or pgid in self.pgids) and _is_flower(pid)}
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the command and to every member (after a fresh snapshot)."""
+        table = process_table()
+        self.snapshot(table)
+        for pid in sorted(self.members(table)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 15.0) -> bool:
+        """SIGTERM every member, then SIGKILL what is left after ``timeout``; True when all are gone."""
+        if self.popen is None:
+            return True
+        self.signal(signal.SIGTERM)
+        if wait_gone([self], timeout):
+            return True
+        self.signal(signal.SIGKILL)
+        return wait_gone([self], 5.0)
+
+    def kill(self) -> None:
+        """SIGKILL the command and its members at once (a crash), and reap the command."""
+        self.signal(signal.SIGKILL)
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def wait_gone(processes: Iterable[ManagedProcess], timeout: float) -> bool:
+    """Reap the commands and wait until no member of ``processes`` is alive; True on success."""
+    processes = list(processes)
+    deadline = time.monotonic() + timeout
+    while True:
+        for proc in processes:
+            if proc.popen is not None:
+                proc.popen.poll()
+        table = process_table()
+        if not any(proc.members(table) for proc in processes):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+def leftovers(processes: Iterable[ManagedProcess]) -> dict[int, str]:
+    """pid -> command line of members still alive (tests assert this is empty)."""
+    table = process_table()
+    return {pid: cmdline(pid) for proc in processes for pid in proc.members(table)}

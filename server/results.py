@@ -1,0 +1,195 @@
+"""Run-directory outputs: per-round metrics (CSV + JSONL, written as produced), plots, multi-run figures.
+
+``flower-plot`` aggregates several run directories (e.g. a Hydra multirun over seeds)
+into mean +/- std accuracy-vs-round curves per group, like seed 000 Figure 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COLUMNS = (
+    "round", "accuracy", "loss", "server_lr", "client_lr", "seconds", "train_loss", "loss_before",
+    "num_selected", "num_replies", "num_failures", "elapsed",
+)
+
+
+class MetricsWriter:
+    """Appends one row per round to metrics.csv and metrics.jsonl, flushing each row to disk."""
+
+    def __init__(self, run_dir: Path, keep_rounds_upto: int | None = None) -> None:
+        self.csv_path = run_dir / "metrics.csv"
+        self.jsonl_path = run_dir / "metrics.jsonl"
+        rows = read_metrics(run_dir) if keep_rounds_upto is not None else []
+        rows = [r for r in rows if keep_rounds_upto is not None and r["round"] <= keep_rounds_upto]
+        self._rewrite(rows)  # drop rows past the checkpoint a resumed run starts from
+        self.rows = rows
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        with open(self.csv_path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows({k: _fmt(r.get(k)) for k in COLUMNS} for r in rows)
+        with open(self.jsonl_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Write one round's metrics to both files now."""
+        self.rows.append(row)
+        with open(self.csv_path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=COLUMNS).writerow({k: _fmt(row.get(k)) for k in COLUMNS})
+            f.flush()
+        with open(self.jsonl_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+
+
+def _fmt(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return value
+
+
+def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
+    """Rows of a run's metrics.jsonl (empty when absent)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None and not _isnan(r[key])]
+    return np.array([p[0] for p in pts]), np.array([p[1] for p in pts], dtype=float)
+
+
+def _isnan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def plot_run(run_dir: Path | str) -> list[Path]:
+    """accuracy.png, loss.png and lr.png of one run (what the seeds plot per round)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir)
+    out = []
+    panels = [
+        ("accuracy.png", [("accuracy", "test accuracy")], "accuracy"),
+        ("loss.png", [("loss", "test loss"), ("train_loss", "train loss"), ("loss_before", "loss before training")],
+         "loss"),
+        ("lr.png", [("server_lr", "server lr"), ("client_lr", "client lr")], "learning rate"),
+    ]
+    for name, series, ylabel in panels:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key, label in series:
+            x, y = _series(rows, key)
+            if len(x):
+                ax.plot(x, y, label=label, marker="." if len(x) < 50 else None)
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        if name == "lr.png" and any(len(_series(rows, k)[0]) for k, _ in series):
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / name, dpi=120)
+        plt.close(fig)
+        out.append(run_dir / name)
+    return out
+
+
+def _group_label(run_dir: Path, keys: Sequence[str]) -> str:
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.exists():
+        return run_dir.name
+    cfg = json.loads(cfg_path.read_text())
+    parts = []
+    for dotted in keys:
+        node: Any = cfg
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        parts.append(f"{dotted.split('.')[-1]}={node}")
+    return ", ".join(parts)
+
+
+def aggregate_runs(run_dirs: Sequence[Path | str], group_by: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Per group: rounds evaluated by every run of the group, mean and std accuracy, number of runs."""
+    groups: dict[str, list[dict[int, float]]] = defaultdict(list)
+    for run_dir in map(Path, run_dirs):
+        rows = read_metrics(run_dir)
+        x, y = _series(rows, "accuracy")
+        if len(x):
+            groups[_group_label(run_dir, group_by)].append(dict(zip(x.tolist(), y.tolist())))
+    out = {}
+    for label, runs in groups.items():
+        rounds = sorted(set.intersection(*(set(r) for r in runs)))
+        acc = np.array([[r[t] for t in rounds] for r in runs])
+        out[label] = {"round": np.array(rounds), "mean": acc.mean(0), "std": acc.std(0), "runs": np.array(len(runs))}
+    return out
+
+
+def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, group_by: Sequence[str], title: str = "") -> Path:
+    """Mean +/- std test accuracy vs round, one curve per group (seed 000 Figure 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = aggregate_runs(run_dirs, group_by)
+    if not curves:
+        raise ValueError("no run directory with accuracy rows in metrics.jsonl was given")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, c in sorted(curves.items()):
+        ax.plot(c["round"], c["mean"], label=f"{label} (n={int(c['runs'])})")
+        ax.fill_between(c["round"], c["mean"] - c["std"], c["mean"] + c["std"], alpha=0.25)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    summary = {k: {kk: v.tolist() for kk, v in c.items()} for k, c in curves.items()}
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    return out
+
+
+def plot_main(argv: Sequence[str] | None = None) -> None:
+    """``flower-plot RUN_DIR... [--out PNG] [--group-by KEY ...]``: multi-run accuracy curves."""
+    parser = argparse.ArgumentParser(prog="flower-plot", description=plot_main.__doc__)
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (or a multirun folder)")
+    parser.add_argument("--out", type=Path, default=Path("accuracy_mean_std.png"))
+    parser.add_argument("--group-by", nargs="+", default=["strategy.name", "strategy.momentum", "model.name"],
+                        help="config keys that name a curve; runs differing only in other keys (seed) are averaged")
+    parser.add_argument("--title", default="")
+    args = parser.parse_args(argv)
+    runs = []
+    for path in args.runs:
+        if not path.is_dir():
+            parser.error(f"{path} is not a directory")
+        runs += [path] if (path / "metrics.jsonl").exists() else sorted(p.parent for p in path.glob("*/metrics.jsonl"))
+    try:
+        out = plot_runs(runs, args.out, args.group_by, args.title)
+    except ValueError as err:
+        parser.error(str(err))
+    print(f"wrote {out} and {out.with_suffix('.json')} from {len(runs)} runs")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    plot_main(sys.argv[1:])

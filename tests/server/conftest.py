@@ -1,0 +1,37 @@
+"""Shared fixtures for end-to-end tests: small generated CIFAR-like data and a CLI runner."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from datagen import make_image_folder, make_tarball
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """A 10-class ImageFolder tree (12 train / 4 test images per class), its .tar.gz and a cache dir."""
+    root = tmp_path_factory.mktemp("data")
+    folder = make_image_folder(root / "folder", per_class=12, test_per_class=4, seed=1)
+    tarball = make_tarball(folder, root / "tiny.tar.gz")
+    return {"folder": folder, "tarball": tarball, "cache": root / "cache"}
+
+
+def sim_args(data, run_dir, *extra):
+    """Overrides of a tiny but complete experiment (4 clients, 2 rounds, CNN, 2 local steps)."""
+    return [
+        f"data.root={data['tarball']}", f"data.cache_dir={data['cache']}", "num_clients=4", "num_rounds=2",
+        "participation.fraction=0.5", "client.local_steps=2", "client.batch_size=8", "client.torch_threads=1",
+        "eval_max_examples=20", f"hydra.run.dir={run_dir}", *extra,
+    ]
+
+
+def run_cli(name, args, timeout=300, **kwargs):
+    """Run a console script of this environment; returns the CompletedProcess (output merged)."""
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([str(BIN / name), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=env, **kwargs)

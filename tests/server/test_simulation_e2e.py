@@ -1,0 +1,134 @@
+"""`flower-simulation` end to end: every strategy x participation mode, resume, bad configs, divergence, plots."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from conftest import BIN, run_cli, sim_args
+
+from server.results import read_metrics
+
+pytestmark = pytest.mark.e2e
+STRATEGIES = ["fedavg", "fedavgm", "fedcm", "localupdate", "localupdate_decay"]
+
+
+@pytest.fixture(scope="module")
+def multirun(tiny_data, tmp_path_factory):
+    """One Hydra multirun: 5 strategies x 2 participation modes, 2 rounds each, on the .tar.gz data."""
+    sweep = tmp_path_factory.mktemp("sweep")
+    args = ["-m", *sim_args(tiny_data, sweep / "unused")[:-1],
+        f"strategy={','.join(STRATEGIES)}", "participation=cyclic,uniform",
+        f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${strategy.name}_${hydra:runtime.choices.strategy}_"
+        "${participation.mode}"]
+    proc = run_cli("flower-simulation", args, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return sweep, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["cyclic", "uniform"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_and_participation_runs_two_rounds(multirun, strategy, mode):
+    sweep, _ = multirun
+    [run_dir] = [p for p in sweep.iterdir() if p.name.endswith(f"_{strategy}_{mode}")]
+    rows = read_metrics(run_dir)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
+        assert r["num_replies"] == r["num_selected"] == 2 and r["num_failures"] == 0
+        assert np.isfinite([r["accuracy"], r["loss"], r["train_loss"], r["loss_before"], r["server_lr"],
+                            r["client_lr"], r["seconds"]]).all()
+    header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"round", "accuracy", "loss", "server_lr", "client_lr", "seconds"} <= set(header)
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["participation"]["mode"] == mode
+    for name in ("accuracy.png", "loss.png", "partition.png", "partition.csv", "final_model.npz", "run.log"):
+        assert (run_dir / name).stat().st_size > 0
+    assert "[round 2/2] accuracy" in (run_dir / "run.log").read_text()
+
+
+def test_cyclic_runs_alternate_groups(multirun):
+    sweep, output = multirun
+    assert "Round 1: partitions" in output and "[round 2/2]" in output
+    run_dir = next(p for p in sweep.iterdir() if p.name.endswith("_fedavg_cyclic"))
+    log = (run_dir / "run.log").read_text()
+    first = log.split("Round 1: partitions ")[1].split(" on")[0]
+    second = log.split("Round 2: partitions ")[1].split(" on")[0]
+    assert not set(json.loads(first)) & set(json.loads(second))
+
+
+def test_flower_plot_aggregates_runs(multirun, tmp_path):
+    sweep, _ = multirun
+    out = tmp_path / "fig.png"
+    proc = run_cli("flower-plot", [sweep, "--out", out, "--group-by", "strategy.name"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    curves = json.loads(out.with_suffix(".json").read_text())
+    assert set(curves) == {f"name={s}" for s in ("fedavgm", "fedcm", "localupdate", "localupdate_decay")}
+    assert curves["name=fedavgm"]["runs"] == 4 and curves["name=fedcm"]["round"] == [0, 1, 2]
+    assert out.stat().st_size > 0
+
+
+def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
+    extra = ["num_rounds=4", "strategy=fedcm", "data.root=" + str(tiny_data["folder"])]
+    full = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "full", *extra))
+    assert full.returncode == 0, full.stderr[-2000:]
+
+    killed_dir = tmp_path / "killed"
+    cmd = [str(BIN / "flower-simulation"), *sim_args(tiny_data, killed_dir, *extra)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not any(r["round"] == 2 for r in read_metrics(killed_dir)):
+            time.sleep(0.2)
+        assert any(r["round"] == 2 for r in read_metrics(killed_dir)), "run never reached round 2"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    done = max(r["round"] for r in read_metrics(killed_dir))
+    assert done < 4, "the run finished before it was killed"
+    resumed = run_cli("flower-simulation", sim_args(tiny_data, killed_dir, *extra, "resume=true"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resuming" in (killed_dir / "run.log").read_text()
+
+    a, b = np.load(tmp_path / "full" / "final_model.npz"), np.load(killed_dir / "final_model.npz")
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+    rows_a, rows_b = read_metrics(tmp_path / "full"), read_metrics(killed_dir)
+    assert [r["round"] for r in rows_b] == [0, 1, 2, 3, 4]
+    for ra, rb in zip(rows_a, rows_b):
+        assert (ra["accuracy"], ra["loss"], ra.get("train_loss")) == (rb["accuracy"], rb["loss"], rb.get("train_loss"))
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("strategy.name=adam", "strategy.name"),
+        ("strategy.momentum=1.0", "strategy.momentum"),
+        ("strategy.client_lr=-0.1", "strategy.client_lr"),
+        ("participation.fraction=0.3", "participation.fraction"),
+        ("model.name=vgg", "model.name"),
+        ("data.root=/nonexistent/cifar.tar.gz", "data.root"),
+    ],
+)
+def test_bad_config_fails_before_ray_starts(tiny_data, tmp_path, override, key):
+    proc = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "bad", override), timeout=120)
+    assert proc.returncode == 2
+    assert key in proc.stderr
+    assert "ActorPool" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "bad" / "metrics.csv").exists()
+
+
+def test_unknown_strategy_group_is_rejected(tiny_data, tmp_path):
+    proc = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "bad", "strategy=sgd"), timeout=120)
+    assert proc.returncode != 0 and "strategy" in proc.stderr
+
+
+def test_divergence_stops_with_a_clear_message_and_keeps_results(tiny_data, tmp_path):
+    run_dir = tmp_path / "nan"
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "strategy.client_lr=1e12", "num_rounds=5"))
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "diverged" in proc.stderr
+    rows = read_metrics(run_dir)
+    assert rows and rows[0]["round"] == 0 and len(rows) < 6

@@ -1,0 +1,89 @@
+"""Every strategy through a real Flower simulation (Ray backend, 4 SuperNodes, toy quadratic clients)."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
+from flwr.simulation import run_simulation
+
+import toy_app
+from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay
+
+pytestmark = pytest.mark.e2e
+NUM_NODES = 4
+
+
+def initial():
+    return ArrayRecord({f"p{i}": Array(np.full(s, 0.5)) for i, s in enumerate(toy_app.SHAPES)})
+
+
+def trajectory_fn(store):
+    def evaluate_fn(server_round, arrays):
+        store[server_round] = [a.copy() for a in arrays.to_numpy_ndarrays()]
+        return MetricRecord({"round": server_round})
+
+    return evaluate_fn
+
+
+@pytest.fixture(scope="module")
+def simulation_results():
+    results = {}
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        for name, strategy in [
+            ("ours", FedAvgM(server_lr=1.2, momentum=0.9, fraction_evaluate=0.0,
+                             min_available_nodes=NUM_NODES, min_train_nodes=NUM_NODES)),
+            ("flower", FlowerFedAvgM(server_learning_rate=1.2 * (1 - 0.9), server_momentum=0.9,
+                                     fraction_evaluate=0.0, min_available_nodes=NUM_NODES,
+                                     min_train_nodes=NUM_NODES)),
+        ]:
+            store = results.setdefault(name, {})
+            strategy.start(grid, initial(), num_rounds=20, timeout=120, train_config=ConfigRecord({"lr": 0.2}),
+                           evaluate_fn=trajectory_fn(store))
+        cyclic = dict(fraction_evaluate=0.0, min_available_nodes=1)
+        for name, strategy in [
+            ("fedavgm", FedAvgM(server_lr=1.0, momentum=0.5, client_lr=0.1, **cyclic)),
+            ("fedcm", FedCM(server_lr=0.5, client_lr=0.1, momentum=0.9, **cyclic)),
+            ("localupdate", LocalUpdate(server_lr=0.1, client_lr=0.1, theta=[1.0, 1.0, 1.0], **cyclic)),
+            ("localupdate_decay", LocalUpdateDecay(server_lr=0.1, client_lr=0.1, theta="fedavg", local_steps=2,
+                                                   window=1, patience=1, cooldown=0, min_delta=100.0, **cyclic)),
+        ]:
+            strategy.client_manager = CyclicClientManager(NUM_NODES, 0.5, seed=3, wait_timeout=60)
+            store = results.setdefault(name, {})
+            strategy.start(grid, initial(), num_rounds=3, timeout=120, evaluate_fn=trajectory_fn(store))
+            results[name + "/strategy"] = strategy
+
+    run_simulation(app, toy_app.app, num_supernodes=NUM_NODES,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": 2, "num_gpus": 0}})
+    return results
+
+
+def test_fedavgm_equals_flower_fedavgm_in_simulation(simulation_results):
+    ours, flower = simulation_results["ours"], simulation_results["flower"]
+    assert sorted(ours) == sorted(flower) == list(range(21))
+    for t in range(21):
+        for a, b in zip(ours[t], flower[t]):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+    assert not np.allclose(ours[20][0], ours[0][0])  # the model moved
+
+
+@pytest.mark.parametrize("name", ["fedavgm", "fedcm", "localupdate", "localupdate_decay"])
+def test_each_strategy_runs_three_cyclic_rounds(simulation_results, name):
+    traj = simulation_results[name]
+    strategy = simulation_results[name + "/strategy"]
+    assert sorted(traj) == [0, 1, 2, 3]
+    for t in (1, 2, 3):
+        assert all(np.all(np.isfinite(a)) for a in traj[t])
+        assert not all(np.allclose(a, b) for a, b in zip(traj[t], traj[t - 1]))
+    groups = strategy.client_manager.schedule.groups
+    assert sorted(strategy.client_manager.node_to_partition.values()) == list(range(NUM_NODES))
+    assert strategy.client_manager.skipped == {}
+    assert len(groups) == 2 and sorted(groups[0] + groups[1]) == list(range(NUM_NODES))
+    if name == "localupdate_decay":
+        assert strategy.decay_state.num_decays == 2  # rounds 2 and 3: no improvement of min_delta=100
+        assert strategy.decay_state.client_lr == pytest.approx(0.1 * 0.1**2)
