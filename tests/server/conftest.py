@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from datagen import make_image_folder, make_tarball
 
 BIN = Path(sys.executable).parent

@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
+import toy_app
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 from flwr.simulation import run_simulation
 
-import toy_app
 from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay
 
 pytestmark = pytest.mark.e2e
