@@ -1,0 +1,98 @@
+"""Overhead of Flower's Ray simulation over a plain PyTorch loop doing the same client work.
+
+Work per round: 10 clients x 500 images x 1 epoch (B=64, CNN, CPU) = 100 CIFAR-10 partitions, C = 0.1,
+cyclic participation, FedAvg server rule. The plain loop trains the same clients one after the other
+in this process (torch using all cores) through ``client.app.train_on_partition`` and aggregates with
+``strategies.math``; the simulation runs ``flower-simulation`` with one Ray actor per core. Prints
+seconds per round (median over rounds 2..R; round 1 includes warm-up) and the ratio.
+
+    python benchmarks/sim_overhead.py --data ../shared/data/cifar10-jpeg.tar.gz --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from client.app import train_on_partition
+from strategies import math as fm
+from strategies.participation import CyclicSchedule
+
+NUM_CLIENTS, FRACTION, BATCH, SEED = 100, 0.1, 64, 0
+
+
+def plain_loop(data: Path, cache: Path, rounds: int) -> list[float]:
+    """Seconds per round of the same work without Flower."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(SEED)
+    from client.models import build_model
+
+    model = build_model("cnn")
+    keys = list(model.state_dict())
+    weights = [v.numpy().copy() for v in model.state_dict().values()]
+    schedule = CyclicSchedule(NUM_CLIENTS, FRACTION, SEED)
+    cfg = {
+        "model": "cnn", "dataset": "cifar10_folder", "data-root": str(data), "cache-dir": str(cache),
+        "num-partitions": NUM_CLIENTS, "alpha": 0.0, "partition-seed": SEED, "seed": SEED, "batch-size": BATCH,
+        "local-epochs": 1, "local-steps": 0, "algorithm": "fedavgm", "client-lr": 0.01, "momentum": 0.0,
+    }
+    times = []
+    for rnd in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        replies, sizes = [], []
+        for pid in schedule.clients_for_round(rnd):
+            arrays, metrics = train_on_partition({**cfg, "server-round": rnd}, dict(zip(keys, weights)), pid)
+            replies.append([arrays[k] for k in keys])
+            sizes.append(metrics["num-examples"])
+        delta = fm.model_delta(weights, fm.weighted_mean(replies, sizes))
+        weights = fm.fedavgm_server_update(weights, weights, delta, 1.5, 0.0)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def simulation(data: Path, cache: Path, rounds: int, out: Path) -> list[float]:
+    """Seconds per round reported by flower-simulation's metrics.csv for the same work."""
+    cpus = os.cpu_count() or 1
+    cmd = [
+        str(Path(sys.executable).parent / "flower-simulation"), f"data.root={data}", f"data.cache_dir={cache}",
+        f"num_clients={NUM_CLIENTS}", f"num_rounds={rounds}", f"participation.fraction={FRACTION}",
+        f"client.batch_size={BATCH}", "client.local_epochs=1", "eval_every=100000", "eval_max_examples=10",
+        "checkpoint_every=100000", "backend.num_cpus=1", f"backend.init_num_cpus={cpus}", f"hydra.run.dir={out}",
+    ]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["seconds"] for r in rows if r["round"] >= 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10-jpeg.tar.gz"))
+    parser.add_argument("--cache", type=Path, default=None, help="decoded-array cache (default: the client's)")
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    data = args.data.resolve()
+    if not data.exists():
+        parser.error(f"--data: no CIFAR-10 folder or .tar.gz at {data}")
+    cache = args.cache or Path(os.environ.get("FEDMOMENTUM_CACHE", Path.home() / ".cache" / "fedmomentum"))
+    plain = plain_loop(data, cache, args.rounds)
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = simulation(data, cache, args.rounds, Path(tmp) / "run")
+    p, s = statistics.median(plain[1:]), statistics.median(sim[1:])
+    print(f"rounds={args.rounds} clients/round=10 images/client=500 epochs=1 cores={os.cpu_count()}")
+    print(f"plain loop     s/round: median {p:.2f}  all {np.round(plain, 2).tolist()}")
+    print(f"flower-sim     s/round: median {s:.2f}  all {np.round(sim, 2).tolist()}")
+    print(f"ratio simulation/plain: {s / p:.3f}  (goal <= 1.15)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Hydra composition of conf/ (groups, paper presets) and validation messages, in-process."""
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from server import config as config_lib
+from server.simulation import CONF_DIR, backend_config
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=["run_dir=/tmp/unused", *overrides])
+    return config_lib.to_plain(cfg)
+
+
+@pytest.mark.parametrize(
+    "preset, expected",
+    [
+        ("fedavg_cnn", ("fedavgm", "cnn", 1.5, 0.01, 0.0)),
+        ("fedavg_resnet20", ("fedavgm", "resnet20", 1.0, 0.5, 0.0)),
+        ("fedcm_cnn", ("fedcm", "cnn", 0.1, 0.1, 0.9)),
+        ("fedcm_resnet20", ("fedcm", "resnet20", 1.0, 0.1, 0.9)),
+    ],
+)
+def test_paper_presets_hold_appendix_a_values(preset, expected, tiny_data):
+    cfg = composed(f"+experiment={preset}", f"data.root={tiny_data['tarball']}")
+    s = cfg["strategy"]
+    assert (s["name"], cfg["model"]["name"], s["server_lr"], s["client_lr"], s["momentum"]) == expected
+    assert (cfg["num_clients"], cfg["participation"]["fraction"], cfg["participation"]["mode"]) == (100, 0.1, "cyclic")
+    assert cfg["data"]["alpha"] == 0.0
+    config_lib.validate(cfg)
+
+
+@pytest.mark.parametrize("group", ["fedavg", "fedavgm", "fedcm", "localupdate", "localupdate_decay"])
+def test_every_strategy_group_validates(group, tiny_data):
+    cfg = config_lib.validate(composed(f"strategy={group}", f"data.root={tiny_data['folder']}"))
+    assert cfg["data"]["root"].startswith("/")
+    static = config_lib.client_config(cfg)
+    assert static["num-partitions"] == cfg["num_clients"] and static["data-root"] == cfg["data"]["root"]
+    assert config_lib.decode(config_lib.encode(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["strategy.momentum=-0.5"], "strategy.momentum"),
+        (["strategy=fedcm", "strategy.server_lr=0"], "strategy.server_lr"),
+        (["strategy=localupdate", "strategy.theta=reptile"], "strategy.theta"),
+        (["strategy=localupdate_decay", "strategy.patience=0"], "patience"),
+        (["num_clients=10", "participation.fraction=0.25"], "participation.fraction"),
+        (["participation=uniform", "participation.fraction=0.05"], "participation.fraction"),
+        (["num_rounds=0"], "num_rounds"),
+        (["data.alpha=-1"], "data.alpha"),
+        (["client.batch_size=0"], "client.batch_size"),
+        (["data=cifar10", "data.download=false", "data.root=/nonexistent"], "data.root"),
+        (["strategy.server_lr_schedule=cosine"], "server_lr_schedule"),
+    ],
+)
+def test_invalid_values_name_the_key(overrides, key, tiny_data):
+    cfg = composed(f"data.root={tiny_data['tarball']}", *overrides)
+    with pytest.raises(config_lib.ConfigError, match=key.replace(".", r"\.")):
+        config_lib.validate(cfg)
+
+
+def test_backend_resources_pass_to_ray():
+    cfg = composed("backend.num_gpus=0.25", "backend.num_cpus=2", "backend.init_num_gpus=1")
+    assert backend_config(cfg) == {"client_resources": {"num_cpus": 2.0, "num_gpus": 0.25},
+                                   "init_args": {"num_gpus": 1}}
