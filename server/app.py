@@ -113,6 +113,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "num_selected": len(messages),
             "num_replies": int(_metric(metrics, "num-replies") or 0),
             "num_failures": int(_metric(metrics, "num-failures") or 0),
+            "num_skipped": int(_metric(metrics, "num-skipped") or 0),
         }
         diverged = _divergence(row, metrics, strategy)
         if not diverged and (rnd % eval_every == 0 or rnd == num_rounds):
@@ -156,9 +157,9 @@ def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any]) -> None:
         return "-" if value is None else format(value, spec)
 
     log(INFO, "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
-        "failures %d %.1fs", rnd, num_rounds, fmt("accuracy"), fmt("loss"), fmt("train_loss"),
+        "failures %d skipped %d %.1fs", rnd, num_rounds, fmt("accuracy"), fmt("loss"), fmt("train_loss"),
         fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"], row["num_selected"],
-        row["num_failures"], row["seconds"])
+        row["num_failures"], row["num_skipped"], row["seconds"])
 
 
 # --------------------------------------------------------------------------- deployed ServerApp

@@ -56,6 +56,11 @@ def simulation_results():
             store = results.setdefault(name, {})
             strategy.start(grid, initial(), num_rounds=3, timeout=120, evaluate_fn=trajectory_fn(store))
             results[name + "/strategy"] = strategy
+        # a schedule over 6 partitions on 4 nodes: partitions 4 and 5 never connect and are skipped
+        missing = FedAvgM(server_lr=1.0, momentum=0.0, client_lr=0.1, **cyclic)
+        missing.client_manager = CyclicClientManager(6, 0.5, groups=[[0, 4, 5], [1, 2, 3]], wait_for=NUM_NODES)
+        results["missing"] = missing.start(grid, initial(), num_rounds=2, timeout=120)
+        results["missing/strategy"] = missing
 
     run_simulation(app, toy_app.app, num_supernodes=NUM_NODES,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -87,3 +92,11 @@ def test_each_strategy_runs_three_cyclic_rounds(simulation_results, name):
     if name == "localupdate_decay":
         assert strategy.decay_state.num_decays == 2  # rounds 2 and 3: no improvement of min_delta=100
         assert strategy.decay_state.client_lr == pytest.approx(0.1 * 0.1**2)
+
+
+def test_missing_partitions_are_skipped_and_the_round_completes(simulation_results):
+    manager = simulation_results["missing/strategy"].client_manager
+    assert manager.skipped == {1: [4, 5]}
+    metrics = simulation_results["missing"].train_metrics_clientapp
+    assert metrics[1]["num-replies"] == 1 and metrics[2]["num-replies"] == 3
+    assert metrics[1]["num-skipped"] == 2 and metrics[2]["num-skipped"] == 0
