@@ -101,9 +101,10 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
     _check("client.weight_decay", fm.check_lr, c.get("weight_decay", 0.0), "weight_decay")
     _validate_data(cfg)
     b = cfg.get("backend", {})
-    for key in ("num_cpus", "num_gpus"):
-        if float(b.get(key, 0)) < 0 or (key == "num_cpus" and float(b.get(key, 1)) <= 0):
-            raise ConfigError(f"'backend.{key}' must be positive, got {b.get(key)!r}")
+    if float(b.get("num_cpus", 1)) <= 0:
+        raise ConfigError(f"'backend.num_cpus' must be positive, got {b.get('num_cpus')!r}")
+    if b.get("num_gpus") is not None and float(b["num_gpus"]) < 0:
+        raise ConfigError(f"'backend.num_gpus' must be >= 0 or null (auto), got {b['num_gpus']!r}")
     return cfg
 
 

@@ -22,20 +22,33 @@ from omegaconf import DictConfig
 from server import config as config_lib
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+AUTO_CLIENTS_PER_GPU = 4
 
 
 def backend_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Ray resources: per-ClientApp ``num_cpus``/``num_gpus`` and Ray's totals (``ray.init`` arguments)."""
+    """Ray resources: per-ClientApp ``num_cpus``/``num_gpus`` and Ray's totals (``ray.init`` arguments).
+
+    ``num_gpus: null`` means auto: 1/4 GPU per client when CUDA is visible (4 clients share a GPU), else 0.
+    """
     b = cfg.get("backend", {})
     init: dict[str, Any] = {}
     if b.get("init_num_cpus") is not None:
         init["num_cpus"] = int(b["init_num_cpus"])
     if b.get("init_num_gpus") is not None:
         init["num_gpus"] = int(b["init_num_gpus"])
+    num_gpus = b.get("num_gpus")
+    if num_gpus is None:  # auto: share each visible GPU between AUTO_CLIENTS_PER_GPU clients
+        num_gpus = 1.0 / AUTO_CLIENTS_PER_GPU if _cuda_available() else 0.0
     return {
-        "client_resources": {"num_cpus": float(b.get("num_cpus", 1)), "num_gpus": float(b.get("num_gpus", 0.0))},
+        "client_resources": {"num_cpus": float(b.get("num_cpus", 1)), "num_gpus": float(num_gpus)},
         "init_args": init,
     }
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -66,11 +79,9 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _check_gpus(cfg: dict[str, Any]) -> None:
     """Fail before Ray starts when clients ask for GPUs the machine does not have."""
-    want = float(cfg.get("backend", {}).get("num_gpus", 0.0))
+    want = float(cfg.get("backend", {}).get("num_gpus") or 0.0)
     if want > 0:
-        import torch
-
-        if not torch.cuda.is_available():
+        if not _cuda_available():
             raise config_lib.ConfigError(f"'backend.num_gpus'={want} but no CUDA device is visible")
 
 

@@ -66,3 +66,12 @@ def test_backend_resources_pass_to_ray():
     cfg = composed("backend.num_gpus=0.25", "backend.num_cpus=2", "backend.init_num_gpus=1")
     assert backend_config(cfg) == {"client_resources": {"num_cpus": 2.0, "num_gpus": 0.25},
                                    "init_args": {"num_gpus": 1}}
+
+
+def test_gpu_share_defaults_to_auto_and_is_zero_without_cuda():
+    import torch
+
+    cfg = composed()
+    assert cfg["backend"]["num_gpus"] is None
+    expected = 0.25 if torch.cuda.is_available() else 0.0
+    assert backend_config(cfg)["client_resources"]["num_gpus"] == expected
