@@ -64,8 +64,12 @@ def _check(key: str, check: Any, *args: Any) -> None:
         raise ConfigError(f"'{key}': {err}") from None
 
 
-def validate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Check every key an experiment reads; absolutise paths in place. Returns ``cfg``."""
+def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
+    """Check every key an experiment reads; absolutise paths in place. Returns ``cfg``.
+
+    ``check_paths=False`` skips the existence check of ``data.root`` (a host that only submits a run to a
+    remote SuperLink need not hold the data; the ServerApp validates again where it runs).
+    """
     _positive_int(cfg, "num_rounds")
     num_clients = _positive_int(cfg, "num_clients")
     _positive_int(cfg, "seed", 0)
@@ -99,7 +103,7 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
     _positive_int(cfg, "client.local_epochs", 0 if int(c.get("local_steps", 0)) > 0 else 1)
     _positive_int(cfg, "client.local_steps", 0)
     _check("client.weight_decay", fm.check_lr, c.get("weight_decay", 0.0), "weight_decay")
-    _validate_data(cfg)
+    _validate_data(cfg, check_paths)
     b = cfg.get("backend", {})
     if float(b.get("num_cpus", 1)) <= 0:
         raise ConfigError(f"'backend.num_cpus' must be positive, got {b.get('num_cpus')!r}")
@@ -108,7 +112,7 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def _validate_data(cfg: dict[str, Any]) -> None:
+def _validate_data(cfg: dict[str, Any], check_paths: bool) -> None:
     data = _require(cfg, "data")
     name = _require(cfg, "data.name")
     if name not in DATASETS:
@@ -118,6 +122,8 @@ def _validate_data(cfg: dict[str, Any]) -> None:
     data["root"] = root
     if data.get("cache_dir"):
         data["cache_dir"] = os.path.abspath(os.path.expanduser(str(data["cache_dir"])))
+    if not check_paths:
+        return
     if name == "cifar10_folder" and not os.path.exists(root):
         raise ConfigError(f"'data.root': no ImageFolder tree or .tar.gz at {root}")
     if name == "cifar10" and not data.get("download") and not os.path.isdir(root):

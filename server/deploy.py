@@ -71,7 +71,8 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
 
     ``on_start`` is called with the running federation before the first submission (tests use it).
     """
-    cfg = config_lib.validate(cfg)
+    remote = (cfg.get("deploy") or {}).get("superlink") is not None
+    cfg = config_lib.validate(cfg, check_paths=not remote)  # a remote ServerApp checks data.root on its host
     d = validate_deploy(cfg)
     run_dir = Path(cfg["run_dir"]).resolve()
     cfg["run_dir"] = str(run_dir)
@@ -112,15 +113,22 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
 
 
 def _restart_superlink(fed: Federation) -> None:
-    """Start the SuperLink again on the same ports; restart SuperNodes that gave up meanwhile."""
+    """Start the SuperLink again on the same ports; restart the local SuperNodes that gave up meanwhile.
+
+    With ``deploy.database=true`` (default) the SuperNodes keep their IDs and reconnect by themselves; with an
+    in-memory state they exit once the new SuperLink does not know them, and are started again here.
+    """
     fed.start_superlink()
     if fed.options.auth and not fed.options.database:  # registrations lived in the lost in-memory state
         for key in fed.node_keys.values():
             fed.flwr("supernode", "register", str(key.public), "fedmomentum", check=False)
-    for pid, proc in list(fed.supernodes.items()):
+    try:
+        fed.wait_nodes(len(fed.supernodes), timeout=20)
+    except DeployError:
+        pass
+    for partition_id, proc in list(fed.supernodes.items()):
         if not proc.alive():
-            num = int(proc.cmd[proc.cmd.index("--node-config") + 1].split("num-partitions=")[1].split()[0])
-            fed.start_supernode(pid, num)
+            fed.start_supernode(partition_id, fed.num_partitions, fed.data_root)
     _write_pids(fed)
 
 

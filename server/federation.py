@@ -49,7 +49,7 @@ class FederationOptions:
     tls: bool = False
     auth: bool = False
     cert_hosts: list[str] = field(default_factory=list)
-    database: bool = False  # keep the SuperLink state in a file (survives a SuperLink restart)
+    database: bool = True  # keep the SuperLink state in a file (survives a SuperLink restart)
     startup_timeout: float = 60.0
     stop_timeout: float = 15.0
 
@@ -88,10 +88,14 @@ class Federation:
         self.ca_cert = str(self.tls_files.ca_cert) if self.tls_files else opts.root_certificates
         self.superlink: procs.ManagedProcess | None = None
         self.supernodes: dict[int, procs.ManagedProcess] = {}
+        self.num_partitions, self.data_root = 0, None  # of the last started SuperNode
         self.node_keys: dict[int, tls.NodeKey] = {}
         self.cli: list[procs.ManagedProcess] = []
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # flower-superexec etc.
         self.env = {**os.environ, **BASE_ENV, "FLWR_HOME": str(self.flwr_home), "PATH": path}
+        self.database = self.workdir / "superlink-state.db"
+        if self.spawn:  # a new federation starts from an empty state (stale nodes would look online)
+            self.database.unlink(missing_ok=True)
         self._write_connection()
 
     # ----------------------------------------------------------------------- SuperLink
@@ -120,7 +124,7 @@ class Federation:
         if self.options.auth:
             cmd.append("--enable-supernode-auth")
         if self.options.database:
-            cmd += ["--database", str(self.workdir / "superlink-state.db")]
+            cmd += ["--database", str(self.database)]
         old = self.superlink
         if old is not None:  # orphans of a crashed SuperLink (SuperExec, ServerApp) must not write on
             old.kill()
@@ -158,6 +162,7 @@ class Federation:
     # ----------------------------------------------------------------------- SuperNodes
     def start_supernode(self, partition_id: int, num_partitions: int, data_root: str | None = None) -> None:
         """Start the SuperNode of ``partition_id`` (restart it when it exists; same key, same node ID)."""
+        self.num_partitions, self.data_root = num_partitions, data_root
         node_config = f"partition-id={partition_id} num-partitions={num_partitions}"
         if data_root:
             node_config += f' data-root="{data_root}"'

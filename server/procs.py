@@ -64,8 +64,10 @@ def cmdline(pid: int) -> str:
 
 
 def _is_flower(pid: int) -> bool:
+    """True for a Flower command line, and for an empty one: an exiting process has released its memory
+    (and cmdline) before it becomes a zombie, and still counts as alive."""
     line = cmdline(pid)
-    return any(marker in line for marker in FLOWER_MARKERS)
+    return not line or any(marker in line for marker in FLOWER_MARKERS)
 
 
 class ManagedProcess:
@@ -165,11 +167,9 @@ def wait_gone(processes: Iterable[ManagedProcess], timeout: float) -> bool:
     processes = list(processes)
     deadline = time.monotonic() + timeout
     while True:
-        for proc in processes:
-            if proc.popen is not None:
-                proc.popen.poll()
+        running = [proc for proc in processes if proc.popen is not None and proc.popen.poll() is None]
         table = process_table()
-        if not any(proc.members(table) for proc in processes):
+        if not running and not any(proc.members(table) for proc in processes):
             return True
         if time.monotonic() > deadline:
             return False

@@ -72,7 +72,7 @@ def _san(hosts: Iterable[str]) -> x509.SubjectAlternativeName:
 def make_tls(out_dir: str | Path, hosts: Iterable[str] = (), days: int = 365) -> TlsFiles:
     """Write ``ca.crt``, ``server.pem`` and ``server.key`` into ``out_dir`` (SAN: ``hosts`` + 127.0.0.1, localhost)."""
     out = Path(out_dir)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     start, end = now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())

@@ -68,13 +68,21 @@ class PartitionClientManager:
             Message(RecordDict({protocol.CONFIG: ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY)
             for n in unknown
         ]
-        for reply in grid.send_and_receive(messages, timeout=self.query_timeout):
-            if reply.has_error():
-                log(WARNING, "Partition query failed for node %s: %s", reply.metadata.src_node_id, reply.error.reason)
+        replies = list(grid.send_and_receive(messages, timeout=self.query_timeout))
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # ids are set when pushed
+        for reply in replies:
+            if reply.has_error():  # the SuperLink may be the error's source: name the node we asked
+                node = sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+                log(WARNING, "Partition query failed for node %s: %s", node, reply.error.reason)
                 continue
             for record in reply.content.config_records.values():
                 if protocol.PARTITION_ID in record:
-                    self.node_to_partition[reply.metadata.src_node_id] = int(record[protocol.PARTITION_ID])
+                    self._assign(reply.metadata.src_node_id, int(record[protocol.PARTITION_ID]))
+
+    def _assign(self, node_id: int, partition_id: int) -> None:
+        """The newest node of a partition wins (a restarted node gets a new id while the old one looks online)."""
+        self.node_to_partition = {n: p for n, p in self.node_to_partition.items() if p != partition_id}
+        self.node_to_partition[node_id] = partition_id
 
     def select(self, server_round: int, grid: Grid) -> list[int]:
         """Node ids of the partitions scheduled for ``server_round`` that are connected."""
@@ -82,7 +90,7 @@ class PartitionClientManager:
             self.wait_for_nodes(grid)
             self._waited = True
         self.refresh(grid)
-        partition_to_node = {p: n for n, p in sorted(self.node_to_partition.items())}
+        partition_to_node = {p: n for n, p in self.node_to_partition.items()}
         wanted = self.schedule.clients_for_round(server_round)
         missing = [p for p in wanted if p not in partition_to_node]
         if missing:

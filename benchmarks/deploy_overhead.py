@@ -1,0 +1,108 @@
+"""Per-round overhead of the deployment engine (SuperLink + SuperNode processes) vs the Ray simulation.
+
+Runs the identical Hydra config with ``flower-simulation`` and with ``flower-deploy`` and reads the per-round
+``seconds`` column of each run's metrics (selection + client work + aggregation + server evaluation). Round 1
+carries start-up work (partition queries, first imports) and is reported apart; the overhead is the difference
+of the medians of rounds 2..R. The bare client work of one round (``train_on_partition`` in this process, no
+Flower) is measured too. Prints a Markdown table (docs/deploy.md records the figures).
+
+    python benchmarks/deploy_overhead.py                     # generated 32x32 data, 4 clients, 6 rounds
+    python benchmarks/deploy_overhead.py --data /data/cifar10-jpeg.tar.gz --local-steps 20 --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _overrides(args: argparse.Namespace, data: Path, cache: Path, run_dir: Path) -> list[str]:
+    return [f"data.root={data}", f"data.cache_dir={cache}", f"num_clients={args.clients}",
+            f"num_rounds={args.rounds}", f"participation.fraction={args.fraction}",
+            f"client.local_steps={args.local_steps}", f"client.batch_size={args.batch_size}",
+            "client.torch_threads=1", f"eval_max_examples={args.eval_max}", f"run_dir={run_dir}",
+            f"hydra.run.dir={run_dir}"]
+
+
+def _run(engine: str, overrides: list[str], run_dir: Path) -> dict[str, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([str(BIN / engine), *overrides], capture_output=True, text=True, cwd=ROOT)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{engine} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    secs = [float(r["seconds"]) for r in rows if r["round"] >= 1]
+    return {"wall": wall, "round1": secs[0], "median": statistics.median(secs[1:]),
+            "min": min(secs[1:]), "max": max(secs[1:])}
+
+
+def _client_work(args: argparse.Namespace, data: Path, cache: Path) -> float:
+    """Seconds of one round's client work done directly in this process (fraction * N clients, sequential)."""
+    import torch
+
+    from client.app import train_on_partition
+    from client.models import build_model
+    from server import config as config_lib
+
+    cfg = {"model": {"name": "cnn"}, "data": {"name": "cifar10_folder", "root": str(data), "cache_dir": str(cache),
+           "alpha": 0.0}, "num_clients": args.clients, "seed": 0,
+           "client": {"batch_size": args.batch_size, "local_steps": args.local_steps, "local_epochs": 1}}
+    config = {**config_lib.client_config(cfg), "algorithm": "fedavgm", "client-lr": 0.01, "torch-threads": 1}
+    torch.manual_seed(0)
+    arrays = {k: v.numpy() for k, v in build_model("cnn").state_dict().items()}
+    per_round = max(1, round(args.fraction * args.clients))
+    train_on_partition(config, arrays, 0)  # warm caches
+    t0 = time.monotonic()
+    for pid in range(per_round):
+        train_on_partition(config, arrays, pid)
+    return time.monotonic() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, help="ImageFolder tree or .tar.gz (default: generated 32x32 images)")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--fraction", type=float, default=0.5)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--local-steps", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--eval-max", type=int, default=200)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        data = args.data
+        if data is None:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from datagen import make_image_folder
+
+            data = make_image_folder(tmp_path / "data", per_class=100, test_per_class=20)
+        data, cache = data.resolve(), tmp_path / "cache"
+        work = _client_work(args, data, cache)
+        results = {}
+        for engine in ("flower-simulation", "flower-deploy"):
+            run_dir = tmp_path / engine
+            results[engine] = _run(engine, _overrides(args, data, cache, run_dir), run_dir)
+    sim, dep = results["flower-simulation"], results["flower-deploy"]
+    print(f"config: {args.clients} clients, fraction {args.fraction}, {args.rounds} rounds, {args.local_steps} "
+          f"local steps x batch {args.batch_size}, server eval on {args.eval_max} test images, torch_threads=1\n")
+    print("| engine | command wall (s) | round 1 (s) | rounds 2..R median (min-max) (s) |")
+    print("| --- | --- | --- | --- |")
+    for name, r in results.items():
+        print(f"| {name} | {r['wall']:.1f} | {r['round1']:.1f} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) |")
+    print(f"\nclient work of one round in-process (no Flower): {work:.2f} s")
+    print(f"deployment overhead per round vs simulation: {dep['median'] - sim['median']:+.2f} s "
+          f"(x{dep['median'] / sim['median']:.2f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""flower-deploy on 127.0.0.1: 4 SuperNodes for 2 rounds, equality with the simulation, Ctrl-C cleanup."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from deploy_helpers import BIN, ENV, ROOT, LineReader, assert_same_model, flower_processes, overrides, rows, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def test_four_supernodes_two_rounds(reference_deploy):
+    """A full run through SuperLink + 4 SuperNode processes writes the same run dir as a simulation."""
+    run_dir, output = reference_deploy
+    assert "[round 1/2]" in output and "[round 2/2]" in output and "flower-deploy: finished run" in output
+    metrics = rows(run_dir)
+    assert [r["round"] for r in metrics] == [0, 1, 2]
+    for r in metrics[1:]:
+        assert r["num_selected"] == r["num_replies"] == 2 and r["num_failures"] == 0
+    for name in ("metrics.csv", "final_model.npz", "summary.json", "accuracy.png", "loss.png", "run.log",
+                 "checkpoint/state.json", "checkpoint/arrays.npz"):
+        assert (run_dir / name).stat().st_size > 0, name
+    pids = json.loads((run_dir / "deploy" / "pids.json").read_text())
+    assert sorted(pids["supernodes"]) == ["0", "1", "2", "3"] and pids["control_address"].startswith("127.0.0.1:")
+    for i in range(4):  # each SuperNode owned one partition through its node config
+        log = (run_dir / "deploy" / "logs" / f"supernode-{i}.log").read_text()
+        assert f"partition-id={i} num-partitions=4" in log
+    superlink_log = (run_dir / "deploy" / "logs" / "superlink.log").read_text()
+    assert "Fleet API (gRPC-rere) on 127.0.0.1:" in superlink_log
+
+
+def test_same_global_model_as_simulation(reference_deploy, deploy_data, tmp_path):
+    """Same config and seed: bitwise-identical final model, groups and server-side metrics in both engines."""
+    run_dir, _ = reference_deploy
+    sim_dir = tmp_path / "sim"
+    proc = run_cli("flower-simulation", overrides(deploy_data, sim_dir), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert_same_model(run_dir, sim_dir)
+    keys = ("round", "accuracy", "loss", "train_loss", "loss_before", "num_replies", "num_failures")
+    assert [{k: r.get(k) for k in keys} for r in rows(run_dir)] == [{k: r.get(k) for k in keys} for r in rows(sim_dir)]
+
+    def groups(path: Path) -> list[str]:
+        return [line.split("Round ")[1] for line in (path / "run.log").read_text().splitlines()
+                if "partitions [" in line]
+
+    assert groups(run_dir) == groups(sim_dir) and len(groups(run_dir)) == 2
+
+
+def test_ctrl_c_stops_every_process(deploy_data, tmp_path):
+    """SIGINT during a run: exit code 130 and no SuperLink/SuperNode/SuperExec/ClientApp process left."""
+    run_dir = tmp_path / "run"
+    popen = subprocess.Popen([str(BIN / "flower-deploy"), *overrides(deploy_data, run_dir)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+    reader = LineReader(popen)
+    try:
+        assert reader.wait_for("[round 0/2]", timeout=90), reader.text()[-3000:]
+        assert flower_processes(run_dir / "deploy" / "flwr_home")  # the federation is up
+        popen.send_signal(signal.SIGINT)
+        assert popen.wait(timeout=60) == 130, reader.text()[-3000:]
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()
+    assert not flower_processes(run_dir / "deploy" / "flwr_home")
+
+
+def test_invalid_config_starts_nothing(deploy_data, tmp_path):
+    """Validation happens before any process starts."""
+    run_dir = tmp_path / "bad"
+    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, "deploy.auth=true"), timeout=60)
+    assert proc.returncode == 2 and "deploy.auth" in proc.stdout
+    assert not (run_dir / "deploy").exists()

@@ -1,0 +1,64 @@
+"""Fast checks of the deployment pieces that need no running federation."""
+
+from __future__ import annotations
+
+import io
+import ipaddress
+import zipfile
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+from deploy_helpers import ROOT, compose, overrides
+
+from server import config as config_lib
+from server.deploy import validate_deploy
+from server.tls import make_node_key, make_tls
+
+
+def test_certificates_chain_and_san(tmp_path):
+    files = make_tls(tmp_path, ["sl.example.org", "10.0.0.5"])
+    ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    cert = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"sl.example.org", "localhost"}
+    assert set(san.get_values_for_type(x509.IPAddress)) == {ipaddress.ip_address("10.0.0.5"),
+                                                           ipaddress.ip_address("127.0.0.1")}
+    assert files.server_key.stat().st_mode & 0o077 == 0
+
+
+def test_node_keys_are_openssh_ecdsa(tmp_path):
+    key = make_node_key(tmp_path, "node0")
+    assert key.public.read_text().startswith("ecdsa-sha2-nistp384 ")
+    private = load_ssh_private_key(key.private.read_bytes(), password=None)
+    assert isinstance(private, ec.EllipticCurvePrivateKey)
+    assert load_ssh_public_key(key.public.read_bytes()).public_numbers() == private.public_key().public_numbers()
+
+
+def test_fab_is_small_and_holds_the_apps():
+    from flwr.cli.build import build_fab_from_disk
+
+    fab = build_fab_from_disk(ROOT)
+    names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
+    assert len(fab) < 2 * 1024 * 1024  # Flower's limit is 10 MB
+    assert {"server/app.py", "client/app.py", "strategies/flower.py", "conf/config.yaml"} <= set(names)
+    assert not [n for n in names if n.startswith((".venv/", "outputs/", "multirun/"))]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["deploy.auth=true"], "deploy.auth"),
+    (["deploy.spawn_supernodes=5"], "spawn_supernodes"),
+    (["deploy.superlink=nohostport", "deploy.spawn_supernodes=0"], "HOST:PORT"),
+    (["deploy.superlink=h:1", "deploy.tls=true"], "existing"),
+    (["deploy.root_certificates=/nonexistent/ca.crt"], "root_certificates"),
+    (["deploy.fleet_port=-1"], "fleet_port"),
+])
+def test_deploy_config_is_validated(tmp_path, extra, message):
+    data = {"folder": tmp_path, "cache": tmp_path / "cache"}
+    (tmp_path / "train").mkdir()
+    cfg = config_lib.validate(compose(overrides(data, tmp_path / "run", *extra)))
+    with pytest.raises(config_lib.ConfigError, match=message):
+        validate_deploy(cfg)
