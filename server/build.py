@@ -26,7 +26,8 @@ def build_strategy(cfg: Mapping[str, Any]) -> _ServerOptStrategy:
     manager_cls = CyclicClientManager if p["mode"] == "cyclic" else UniformClientManager
     extra = {"groups": p.get("groups")} if p["mode"] == "cyclic" else {}
     manager = manager_cls(int(cfg["num_clients"]), float(p["fraction"]), int(cfg["seed"]),
-                          query_timeout=float(cfg["round_timeout"]), wait_timeout=float(cfg["round_timeout"]), **extra)
+                          query_timeout=float(cfg["round_timeout"]), wait_timeout=float(p.get("wait_timeout", 300)),
+                          **extra)
     common = dict(
         server_lr=float(s["server_lr"]),
         client_lr=float(s["client_lr"]),

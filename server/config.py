@@ -98,6 +98,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     p = _require(cfg, "participation")
     _check("participation.fraction", make_schedule, _require(cfg, "participation.mode"), num_clients,
            float(_require(cfg, "participation.fraction")), cfg["seed"], p.get("groups"))
+    if float(p.get("wait_timeout", 0)) < 0:
+        raise ConfigError(f"'participation.wait_timeout' must be >= 0, got {p.get('wait_timeout')!r}")
     c = _require(cfg, "client")
     _positive_int(cfg, "client.batch_size")
     _positive_int(cfg, "client.local_epochs", 0 if int(c.get("local_steps", 0)) > 0 else 1)

@@ -25,8 +25,9 @@ from strategies.participation import CyclicSchedule, UniformSchedule
 class PartitionClientManager:
     """Selects this round's nodes from a schedule over partition ids.
 
-    ``wait_for`` nodes (default: every partition) are awaited before the first round,
-    for at most ``wait_timeout`` seconds; later rounds never block on missing nodes.
+    Before its first round the manager waits until ``wait_for`` partitions (default: all) have answered the
+    partition query, for at most ``wait_timeout`` seconds (a resumed run after a SuperLink restart needs this:
+    reconnecting nodes may answer late); later rounds never block on missing nodes.
     """
 
     def __init__(
@@ -50,15 +51,19 @@ class PartitionClientManager:
         return self.schedule.num_clients
 
     def wait_for_nodes(self, grid: Grid) -> int:
-        """Block until ``wait_for`` nodes are connected or ``wait_timeout`` passes."""
+        """Block until ``wait_for`` partitions have a node that answered the partition query, or until
+        ``wait_timeout`` passes; nodes that did not answer in time are queried again. Returns the count."""
         deadline = time.monotonic() + self.wait_timeout
-        while (count := len(list(grid.get_node_ids()))) < self.wait_for and time.monotonic() < deadline:
-            log(INFO, "Waiting for nodes: %d connected (want %d)", count, self.wait_for)
+        while True:
+            self.refresh(grid, timeout=max(1.0, min(self.query_timeout, deadline - time.monotonic())))
+            mapped = len(set(self.node_to_partition.values()))
+            if mapped >= self.wait_for or time.monotonic() >= deadline:
+                return mapped
+            log(INFO, "Waiting for nodes: %d of %d partitions answered", mapped, self.wait_for)
             time.sleep(1.0)
-        return count
 
-    def refresh(self, grid: Grid) -> None:
-        """Forget departed nodes and query new ones for their partition id."""
+    def refresh(self, grid: Grid, timeout: float | None = None) -> None:
+        """Forget departed nodes and query new (or so far silent) ones for their partition id."""
         connected = set(grid.get_node_ids())
         self.node_to_partition = {n: p for n, p in self.node_to_partition.items() if n in connected}
         unknown = sorted(connected - set(self.node_to_partition))
@@ -68,7 +73,7 @@ class PartitionClientManager:
             Message(RecordDict({protocol.CONFIG: ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY)
             for n in unknown
         ]
-        replies = list(grid.send_and_receive(messages, timeout=self.query_timeout))
+        replies = list(grid.send_and_receive(messages, timeout=self.query_timeout if timeout is None else timeout))
         sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # ids are set when pushed
         for reply in replies:
             if reply.has_error():  # the SuperLink may be the error's source: name the node we asked
