@@ -122,7 +122,7 @@ def _group_label(run_dir: Path, keys: Sequence[str]) -> str:
         node: Any = cfg
         for part in dotted.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        parts.append(f"{dotted.split('.')[-1]}={node}")
+        parts.append(f"{dotted}={node}")
     return ", ".join(parts)
 
 

@@ -65,8 +65,8 @@ def test_flower_plot_aggregates_runs(multirun, tmp_path):
     proc = run_cli("flower-plot", [sweep, "--out", out, "--group-by", "strategy.name"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     curves = json.loads(out.with_suffix(".json").read_text())
-    assert set(curves) == {f"name={s}" for s in ("fedavgm", "fedcm", "localupdate", "localupdate_decay")}
-    assert curves["name=fedavgm"]["runs"] == 4 and curves["name=fedcm"]["round"] == [0, 1, 2]
+    assert set(curves) == {f"strategy.name={s}" for s in ("fedavgm", "fedcm", "localupdate", "localupdate_decay")}
+    assert curves["strategy.name=fedavgm"]["runs"] == 4 and curves["strategy.name=fedcm"]["round"] == [0, 1, 2]
     assert out.stat().st_size > 0
 
 
