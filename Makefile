@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@
 
-# Main job: FedAvg vs. FedCM style experiment on CIFAR-10 (defaults: 10 clients, cyclic C=0.2, 5 rounds, CNN).
+# Main job: a small CIFAR-10 experiment (defaults: FedAvg, CNN, 20 clients, alpha=1, cyclic C=0.25, 10 rounds).
 run: setup
 	$(BIN)/flower-simulation data.root=$(DATA) $(ARGS)
 

@@ -66,7 +66,8 @@ def simulation(data: Path, cache: Path, rounds: int, out: Path) -> list[float]:
     cmd = [
         str(Path(sys.executable).parent / "flower-simulation"), f"data.root={data}", f"data.cache_dir={cache}",
         f"num_clients={NUM_CLIENTS}", f"num_rounds={rounds}", f"participation.fraction={FRACTION}",
-        f"client.batch_size={BATCH}", "client.local_epochs=1", "eval_every=100000", "eval_max_examples=10",
+        f"client.batch_size={BATCH}", "client.local_epochs=1", "data.alpha=0.0", "strategy.server_lr=1.5",
+        "strategy.client_lr=0.01", "eval_every=100000", "eval_max_examples=10",
         "checkpoint_every=100000", "backend.num_cpus=1", f"backend.init_num_cpus={cpus}", f"hydra.run.dir={out}",
     ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
