@@ -59,6 +59,15 @@ def _watch(fed: Federation, out: dict, partition: int, sig: int, restart: bool) 
     return on_line
 
 
+
+def deploy_and_check_cleanup(cfg, run_dir, on_line, on_start):
+    """Run flower-deploy's ``deploy`` and assert that no Flower process of this run is left, even on failure."""
+    try:
+        return deploy(cfg, on_line=on_line, on_start=on_start)
+    finally:
+        left = flower_processes(run_dir / "deploy" / "flwr_home")
+        assert not left, left
+
 def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, tmp_path):
     """TLS + SuperNode auth; SIGTERM one SuperNode's process group while it trains: the round completes with the
     other 3 and counts 1 failure, the restarted node rejoins under the same node ID and trains in round 2."""
@@ -70,11 +79,7 @@ def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, tmp_path):
         out["ids_before"] = sorted(fed.wait_nodes(4))
         out["on_line"] = _watch(fed, out, 1, signal.SIGTERM, True)
 
-    try:
-        result = deploy(cfg, on_line=lambda line: out["on_line"](line), on_start=on_start)
-    finally:
-        left = flower_processes(run_dir / "deploy" / "flwr_home")
-    assert not left, left
+    result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start)
     assert result.ok, "\n".join(out["lines"][-60:])
     assert out.get("killed")
     metrics = rows(run_dir)
@@ -102,11 +107,7 @@ def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, tmp_path)
         out["ids_before"] = sorted(fed.wait_nodes(4))
         out["on_line"] = _watch(fed, out, _first_group(cfg)[0], signal.SIGKILL, True)
 
-    try:
-        result = deploy(cfg, on_line=lambda line: out["on_line"](line), on_start=on_start)
-    finally:
-        left = flower_processes(run_dir / "deploy" / "flwr_home")
-    assert not left, left
+    result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start)
     assert result.ok, "\n".join(out["lines"][-60:])
     metrics = rows(run_dir)
     assert [r["round"] for r in metrics] == [0, 1, 2]
@@ -152,11 +153,7 @@ def test_superlink_crash_resumes_to_the_same_model(reference_deploy, deploy_data
     def on_start(fed: Federation) -> None:
         threading.Thread(target=_crash_superlink_after_round, args=(fed, run_dir, 1, out), daemon=True).start()
 
-    try:
-        result = deploy(cfg, on_line=lines.append, on_start=on_start)
-    finally:
-        left = flower_processes(run_dir / "deploy" / "flwr_home")
-    assert not left, left
+    result = deploy_and_check_cleanup(cfg, run_dir, lines.append, on_start)
     assert "crashed_pid" in out
     assert result.ok, "\n".join(lines[-60:])
     text = "\n".join(lines)
