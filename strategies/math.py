@@ -65,8 +65,8 @@ def weighted_mean(per_client: Sequence[Params], weights: Sequence[float]) -> Par
 
 
 def l2_norm(params: Params) -> float:
-    """Euclidean norm of a list of arrays taken as one vector, accumulated in float64 (numpy only)."""
-    return math.sqrt(sum(float(np.vdot(a, a)) for a in (np.asarray(x, dtype=np.float64).ravel() for x in params)))
+    """Euclidean norm of a list of numpy arrays taken as one vector (per-layer dot in the arrays' own dtype)."""
+    return math.sqrt(sum(float(np.dot(v, v)) for v in (np.asarray(x).ravel() for x in params)))
 
 
 def model_delta(global_model: Params, mean_client_model: Params) -> Params:
