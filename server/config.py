@@ -76,6 +76,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "eval_every")
     _positive_int(cfg, "checkpoint_every")
     _positive_int(cfg, "eval_max_examples", 0)
+    _validate_eval_train(cfg)
     s = _require(cfg, "strategy")
     name = _require(cfg, "strategy.name")
     if name not in STRATEGIES:
@@ -113,6 +114,14 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     if b.get("num_gpus") is not None and float(b["num_gpus"]) < 0:
         raise ConfigError(f"'backend.num_gpus' must be >= 0 or null (auto), got {b['num_gpus']!r}")
     return cfg
+
+
+def _validate_eval_train(cfg: dict[str, Any]) -> None:
+    """``eval_train``: bool (population loss f(x), seed 001 Eq. 2); ``eval_train_max_examples``: int >= 0."""
+    if not isinstance(cfg.setdefault("eval_train", False), bool):
+        raise ConfigError(f"'eval_train' must be true or false, got {cfg['eval_train']!r}")
+    cfg.setdefault("eval_train_max_examples", 0)
+    _positive_int(cfg, "eval_train_max_examples", 0)
 
 
 def _validate_trust(cfg: dict[str, Any]) -> None:
