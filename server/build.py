@@ -18,6 +18,7 @@ from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUp
 from strategies.base import ServerOptStrategy
 
 DECAY_KEYS = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
+SERVER_OPTIMIZER_KEYS = ("server_optimizer", "beta_1", "beta_2", "tau", "bias_correction")
 
 
 def max_num_examples(cfg: Mapping[str, Any], num_train: int | None) -> float | None:
@@ -52,10 +53,11 @@ def build_strategy(cfg: Mapping[str, Any], num_train: int | None = None) -> Serv
         min_train_nodes=1,
     )
     name = s["name"]
-    if name == "fedavgm":
-        return FedAvgM(momentum=float(s["momentum"]), **common)
     if name == "fedcm":
         return FedCM(momentum=float(s["momentum"]), **common)
+    common.update({k: s[k] for k in SERVER_OPTIMIZER_KEYS if k in s})  # Adam / Adagrad / Yogi (Reddi et al.)
+    if name == "fedavgm":
+        return FedAvgM(momentum=float(s["momentum"]), **common)
     theta = s.get("theta", "fedavg")
     theta = theta if isinstance(theta, str) else [float(w) for w in theta]
     if name == "localupdate":
