@@ -156,7 +156,7 @@ def _in_config(run: Run, dotted: str) -> bool:
 
 def check_keys(runs: Sequence[Run], swept: Sequence[str], keys: Sequence[str], option: str) -> None:
     """Every key of an option must be swept; otherwise a ReportError saying whether it is unknown or fixed."""
-    known = {k for r in runs for k in r.params} | {k for k in keys if _in_config(runs[0], k)}
+    known = {k for r in runs for k in r.params} | {k for k in keys if any(_in_config(r, k) for r in runs)}
     for key in keys:
         if key == AVERAGED:
             raise ReportError(f"{option}: '{key}' is averaged over, not a configuration key")
