@@ -8,8 +8,8 @@ A *configuration* is one combination of the swept keys (the Hydra overrides that
 over seeds (ddof = 0, as ``flower-plot``) of the final value of ``--metric`` and of its mean over the last K
 rounds (seed 001 Section 8.3: "the smallest average training loss over the last 100 rounds"). ``--select``
 picks, for every combination of the other swept keys (``--best-per``), the value(s) of the selected keys with the
-best last-K mean: seed 001's tuned eta for each gamma. Runs that diverged (exit 3, ``status.json``), stopped early
-or lack the metric are listed as such; a configuration with such a run is never selected.
+best last-K mean: seed 001's tuned eta for each gamma. Runs that diverged (exit 3, ``status.json``), stopped early,
+never aggregated a reply or lack the metric are listed as such; a configuration with such a run is never selected.
 Outputs in ``--out`` (default: the first sweep dir): report.md, report.csv, curves.png, heatmap.png (``--grid``).
 """
 
@@ -31,7 +31,8 @@ import yaml
 from server.results import read_metrics
 
 AVERAGED = "seed"  # runs differing only in these keys are the seeds of one configuration
-FINISHED, DIVERGED, INCOMPLETE = "finished", "diverged", "incomplete"
+FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES = "finished", "diverged", "incomplete", "no_replies"
+STATUSES = (FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES)
 
 
 class ReportError(ValueError):
@@ -125,6 +126,10 @@ def _status(path: Path, rows: list[dict[str, Any]]) -> tuple[str, int | None, st
 def load_run(path: Path) -> Run:
     rows = read_metrics(path)
     status, last, reason = _status(path, rows)
+    trained = [r for r in rows if r["round"] >= 1]
+    if status == FINISHED and trained and not any(r.get("num_replies") for r in trained):
+        # e.g. the simulation engine crashed at start-up: every round skipped its partitions, the model never moved
+        status, reason = NO_REPLIES, f"finished, but none of its {len(trained)} rounds aggregated a reply"
     cfg_file = path / "config.json"
     num_rounds = json.loads(cfg_file.read_text()).get("num_rounds") if cfg_file.exists() else None
     return Run(path, _overrides(path), status, last, reason, rows, num_rounds)
@@ -184,6 +189,8 @@ def configurations(runs: Sequence[Run], keys: Sequence[str], metrics: Sequence[s
                 problems.append(f"diverged at round {run.last_round}")
             elif run.status == INCOMPLETE:
                 problems.append(f"incomplete (last round {run.last_round})")
+            elif run.status == NO_REPLIES:
+                problems.append("no accepted reply in any round")
         for metric in metrics:
             finals = [v for v in (r.final(metric) for r in config.runs) if v is not None]
             lasts = [v for v in (r.last_mean(metric, last) for r in config.runs) if v is not None]
@@ -226,9 +233,9 @@ def write_csv(path: Path, configs: Sequence[Config], keys: Sequence[str], metric
     stat_cols = [f"{m}_{kind}_{agg}" for m in metrics for kind in ("final", f"last{last}") for agg in ("mean", "std")]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*keys, "runs", FINISHED, DIVERGED, INCOMPLETE, *stat_cols, "selected", "note"])
+        writer.writerow([*keys, "runs", *STATUSES, *stat_cols, "selected", "note"])
         for c in configs:
-            counts = [sum(r.status == s for r in c.runs) for s in (FINISHED, DIVERGED, INCOMPLETE)]
+            counts = [sum(r.status == s for r in c.runs) for s in STATUSES]
             stats = []
             for m in metrics:
                 for kind in ("final", "last"):
@@ -243,7 +250,8 @@ def write_markdown(path: Path, args: argparse.Namespace, runs: Sequence[Run], co
     lines = [f"# flower-report: {', '.join(map(str, args.sweep_dirs))}", "",
              f"{len(runs)} runs, {len(configs)} configurations (swept: {', '.join(keys) or 'none'}; "
              f"averaged over: {AVERAGED}). Values: mean ± std over seeds of `{m}` at the last round and its mean over "
-             f"the last {k} rounds. Diverged and incomplete runs are listed in *note* and never selected.", "",
+             f"the last {k} rounds. Runs that diverged, did not finish or never aggregated a reply are listed in "
+             "*note* and their configurations are never selected.", "",
              f"| {' | '.join(keys)} | runs | {m} final | {m} last {k} | note |",
              f"|{'---|' * (len(keys) + 4)}"]
     for c in configs:
@@ -265,7 +273,7 @@ def write_markdown(path: Path, args: argparse.Namespace, runs: Sequence[Run], co
                          f"| {item['excluded']} of {item['candidates']} |")
     bad = [r for r in runs if r.status != FINISHED]
     if bad:
-        lines += ["", "## Runs that did not finish", ""]
+        lines += ["", "## Runs left out", ""]
         lines += [f"- `{r.path}`: {r.status} at round {r.last_round} {('— ' + r.reason) if r.reason else ''}"
                   for r in bad]
     lines += [""] + [f"![{name}]({name})" for name in figures]

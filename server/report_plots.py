@@ -91,8 +91,7 @@ def plot_heatmap(path: Path, configs: Sequence[Config], grid: Sequence[str], cri
                 text = _failed_text([c for c in configs if (c.values[grid[0]], c.values[grid[1]]) == (x, y)])
             else:
                 text = f"{values[i, j]:.4g}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if np.isnan(values[i, j])
-                    else "white")
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color=_text_colour(image, values[i, j]))
     ax.set_xticks(range(len(xs)), xs)
     ax.set_yticks(range(len(ys)), ys)
     ax.set_xlabel(grid[0])
@@ -105,6 +104,17 @@ def plot_heatmap(path: Path, configs: Sequence[Config], grid: Sequence[str], cri
     return path
 
 
+def _text_colour(image, value: float) -> str:
+    """Black on light cells (and on the grey of missing ones), white on dark ones."""
+    if np.isnan(value):
+        return "black"
+    r, g, b, _ = image.cmap(image.norm(value))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+
+
 def _failed_text(members: Sequence[Config]) -> str:
-    notes = [c.note for c in members if c.note]
-    return "diverged" if any("diverged" in n for n in notes) else ("incomplete" if notes else "no value")
+    notes = " ".join(c.note for c in members)
+    for word, text in (("diverged", "diverged"), ("no accepted reply", "no replies"), ("incomplete", "incomplete")):
+        if word in notes:
+            return text
+    return "no value"

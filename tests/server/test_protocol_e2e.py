@@ -142,21 +142,27 @@ def test_flower_report_cell_by_cell(sweep, tmp_path):
         assert (out / name).stat().st_size > 0
 
 
-def test_a_killed_seed_keeps_its_configuration_out_of_the_selection(sweep, tmp_path):
-    """A run killed mid-way (status running, no summary) is reported as incomplete and never selected."""
+def test_killed_and_idle_runs_keep_their_configurations_out_of_the_selection(sweep, tmp_path):
+    """A run killed mid-way (status running, no summary) is incomplete; a run whose rounds aggregated no reply
+    (what a simulation engine that failed to start leaves) is reported as such; neither is selected."""
     copy = tmp_path / "sweep"
     shutil.copytree(sweep, copy)
     killed = job(copy, "0.05", "0.01", 1)
     (killed / "summary.json").unlink()
     (killed / "status.json").write_text(json.dumps({"status": "running", "round": 2, "reason": ""}))
+    idle = job(copy, "0.1", "0.01", 1)
+    rows = [{**r, "num_replies": 0} if r["round"] else r for r in read_metrics(idle)]
+    (idle / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = report(copy, "--metric", "accuracy", "--select", "strategy.server_lr", "--out", tmp_path / "r")
     assert proc.returncode == 0, proc.stderr
     rows = read_report(tmp_path / "r")
     cell = rows[("0.05", "0.01")]
     assert (cell["finished"], cell["incomplete"], cell["selected"]) == ("1", "1", "False")
     assert cell["note"].startswith("incomplete (last round 2)")
-    assert "none finished" in (tmp_path / "r" / "report.md").read_text()  # gamma=0.05: no complete eta left
-    assert rows[("0.1", "0.01")]["selected"] == "True"
+    cell = rows[("0.1", "0.01")]
+    assert (cell["finished"], cell["no_replies"], cell["selected"]) == ("1", "1", "False")
+    assert cell["note"].startswith("no accepted reply in any round")
+    assert (tmp_path / "r" / "report.md").read_text().count("none finished") == 2  # no complete eta is left
 
 
 @pytest.mark.parametrize(
