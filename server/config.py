@@ -132,7 +132,7 @@ def _validate_server_optimizer(cfg: dict[str, Any]) -> None:
         fm.server_optimizer_config(optimizer, s.get("beta_1"), s.get("beta_2"), s.get("tau"),
                                    s.get("bias_correction", True), float(s.get("momentum", 0.0)), prefix="strategy.")
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"invalid server optimizer: {err}") from None
+        raise ConfigError(str(err)) from None
 
 
 def _validate_eval_train(cfg: dict[str, Any]) -> None:
