@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-EXPERIMENTS = ("table1", "table2", "limit-cycle", "rates", "local-steps", "surrogate", "spectrum", "ghbm")
+EXPERIMENTS = ("table1", "table2", "limit-cycle", "rates", "local-steps", "surrogate", "spectrum")  # `all`
 GHBM_POINT = {  # flower-theory ghbm-point options: (default, converter, check, message)
     "tau": (1, int, lambda v: v >= 1, "--tau must be an integer >= 1"),
     "momentum": (0.9, float, lambda v: 0.0 <= v <= 1.0, "--momentum must lie in [0, 1]"),

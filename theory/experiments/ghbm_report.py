@@ -43,7 +43,8 @@ def findings(table: dict, cycle: dict, rates: dict) -> list[str]:
     out = [
         f"GHBM(tau=1) is FedAvgM/FedCM with J = 1 (heavy ball): max relative difference of theta^T over Table I "
         f"{_max_rel_diff(entries, 'ghbm_tau1', 'fedavgm'):.1e}; LocalGHBM equals GHBM(tau=2) (cyclic p = 2): "
-        f"{_max_rel_diff(entries, 'localghbm', 'ghbm_tau2'):.1e}.",
+        f"{_max_rel_diff(entries, 'localghbm', 'ghbm_tau2'):.1e} (round-off of {table['setup']['T']} composed "
+        f"maps, different association orders).",
     ]
     stable = [r for r in rows if r["stable_sim"]]
     cf_err = max(abs(r["amplitude_per_G"] - r["amplitude_cf_per_G"]) / r["amplitude_cf_per_G"]
