@@ -166,16 +166,19 @@ def rates(T: int = 10**6, beta: float = BETA, G: float = 10.0, mu: float = MU, c
     """Fitted exponent of f(theta^t) = mu/2 theta^2 (envelope over t-1, t) on [T/10, T], theta0 = 0."""
     alphas = np.array([c[0] for c in cases])
     etas = np.array([c[1] for c in cases])
-    checks = sorted({c for t in log_checkpoints(T, 80) for c in (t - 1, t)} - {0})
-    t = np.array(checks[1::2], dtype=float)
+    ts = log_checkpoints(T, 80)  # rounds >= 2; the envelope also needs theta^{t-1}
+    checks = sorted(set(ts) | {t - 1 for t in ts})
+    index = {c: k for k, c in enumerate(checks)}
+    t = np.array(ts, dtype=float)
     curves: dict[str, np.ndarray] = {}
     th, prev = run_fast(MomentumRound("fedavgm", mu=mu, client_lr=1.0, momentum=beta),
-                        Schedule(etas, "polynomial", alphas), 0.0, G, T, checks[1::2])
+                        Schedule(etas, "polynomial", alphas), 0.0, G, T, ts)
     curves["fedavgm"] = 0.5 * mu * np.maximum(th**2, prev**2)
     sched = Schedule(etas * (1.0 - beta), "polynomial", alphas)
     for name, rf in family(beta, mu=mu).items():
         th = run_state_fast(rf, rf.dim, sched, rf.initial_state(0.0), G, T, checks)
-        curves[name] = 0.5 * mu * np.maximum(th[1::2] ** 2, th[0::2] ** 2)
+        now, before = th[[index[c] for c in ts]], th[[index[c - 1] for c in ts]]
+        curves[name] = 0.5 * mu * np.maximum(now**2, before**2)
     sel = t >= T / 10
     rows = []
     for name, f in curves.items():
