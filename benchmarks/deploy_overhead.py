@@ -1,10 +1,12 @@
 """Per-round overhead of the deployment engine (SuperLink + SuperNode processes) vs the Ray simulation.
 
-Runs the identical Hydra config with ``flower-simulation`` and with ``flower-deploy`` and reads the per-round
+Runs the identical Hydra config with ``flower-simulation``, with ``flower-deploy deploy.fast=false`` (stock
+Flower 1.39 processes: 3 s polling, one fresh ``flwr-clientapp`` per message) and with ``flower-deploy``
+(``deploy.fast=true``: short polling, warm ClientApp workers, see server/flwr_fast.py), and reads the per-round
 ``seconds`` column of each run's metrics (selection + client work + aggregation + server evaluation). Round 1
 carries start-up work (partition queries, first imports) and is reported apart; the overhead is the difference
 of the medians of rounds 2..R. The bare client work of one round (``train_on_partition`` in this process, no
-Flower) is measured too. Prints a Markdown table (docs/deploy.md records the figures).
+Flower) is measured too. Prints a Markdown table (docs/benchmarks.md records the figures) and the load average.
 
     python benchmarks/deploy_overhead.py                     # generated 32x32 data, 4 clients, 6 rounds
     python benchmarks/deploy_overhead.py --data /data/cifar10-jpeg.tar.gz --local-steps 20 --rounds 6
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -31,6 +34,13 @@ def _overrides(args: argparse.Namespace, data: Path, cache: Path, run_dir: Path)
             f"client.local_steps={args.local_steps}", f"client.batch_size={args.batch_size}",
             "client.torch_threads=1", f"eval_max_examples={args.eval_max}", f"run_dir={run_dir}",
             f"hydra.run.dir={run_dir}"]
+
+
+ENGINES = {  # label -> (console script, extra overrides)
+    "flower-simulation": ("flower-simulation", []),
+    "flower-deploy deploy.fast=false (stock Flower)": ("flower-deploy", ["deploy.fast=false"]),
+    "flower-deploy (fast, default)": ("flower-deploy", []),
+}
 
 
 def _run(engine: str, overrides: list[str], run_dir: Path) -> dict[str, float]:
@@ -88,20 +98,22 @@ def main() -> None:
             data = make_image_folder(tmp_path / "data", per_class=100, test_per_class=20)
         data, cache = data.resolve(), tmp_path / "cache"
         work = _client_work(args, data, cache)
+        load_before = os.getloadavg()[0]
         results = {}
-        for engine in ("flower-simulation", "flower-deploy"):
-            run_dir = tmp_path / engine
-            results[engine] = _run(engine, _overrides(args, data, cache, run_dir), run_dir)
-    sim, dep = results["flower-simulation"], results["flower-deploy"]
+        for i, (label, (engine, extra)) in enumerate(ENGINES.items()):
+            run_dir = tmp_path / f"run{i}"
+            results[label] = _run(engine, [*_overrides(args, data, cache, run_dir), *extra], run_dir)
+    sim = results["flower-simulation"]
     print(f"config: {args.clients} clients, fraction {args.fraction}, {args.rounds} rounds, {args.local_steps} "
-          f"local steps x batch {args.batch_size}, server eval on {args.eval_max} test images, torch_threads=1\n")
-    print("| engine | command wall (s) | round 1 (s) | rounds 2..R median (min-max) (s) |")
-    print("| --- | --- | --- | --- |")
+          f"local steps x batch {args.batch_size}, server eval on {args.eval_max} test images, torch_threads=1; "
+          f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} CPUs)\n")
+    print("| engine | command wall (s) | round 1 (s) | rounds 2..R median (min-max) (s) | overhead vs simulation |")
+    print("| --- | --- | --- | --- | --- |")
     for name, r in results.items():
-        print(f"| {name} | {r['wall']:.1f} | {r['round1']:.1f} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) |")
+        over = f"{r['median'] - sim['median']:+.2f} s (x{r['median'] / sim['median']:.2f})"
+        print(f"| {name} | {r['wall']:.1f} | {r['round1']:.1f} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) "
+              f"| {over} |")
     print(f"\nclient work of one round in-process (no Flower): {work:.2f} s")
-    print(f"deployment overhead per round vs simulation: {dep['median'] - sim['median']:+.2f} s "
-          f"(x{dep['median'] / sim['median']:.2f})")
 
 
 if __name__ == "__main__":

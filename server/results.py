@@ -21,6 +21,7 @@ import numpy as np
 COLUMNS = (
     "round", "accuracy", "loss", "server_lr", "client_lr", "seconds", "train_loss", "loss_before",
     "num_selected", "num_replies", "num_failures", "num_skipped", "elapsed",
+    "num_refused", "num_reassigned",
 )
 
 

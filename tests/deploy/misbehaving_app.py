@@ -1,0 +1,94 @@
+"""Test-only ClientApp: the product's ClientApp (``client.app``), whose train replies a node may break on purpose.
+
+A SuperNode started with ``--node-config "... misbehave=<kinds>"`` runs the real training of its partition,
+then corrupts the reply; ``<kinds>`` is a comma-separated list used cyclically by server round (round 1 takes
+the first kind). Nodes without the key reply exactly like the product ClientApp. The deployment tests run it as
+the app's ClientApp through :func:`make_app_dir` (a copy of the project's FAB files whose pyproject names this
+module), so the product's ClientApp holds no test switch.
+
+Kinds: ``nan`` (every weight NaN), ``shape`` (the first array loses its last row), ``examples``
+(``num-examples`` = 0), ``negative`` (``num-examples`` = -5), ``scale`` (weights x 1.1: finite, right shape, a
+plausible-looking poisoned update). ``query-delay=<s>`` makes the node answer the partition query ``s`` seconds
+late (so another node claims the partition first).
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from client import app as product
+from strategies import protocol as P
+
+MODULE = "misbehaving_app"
+app = ClientApp()
+
+
+def corrupt(arrays: dict[str, np.ndarray], metrics: dict, kind: str) -> tuple[dict[str, np.ndarray], dict]:
+    """The broken version of one train reply."""
+    arrays, metrics = dict(arrays), dict(metrics)
+    first = next(iter(arrays))
+    if kind == "nan":
+        arrays = {k: np.full_like(v, np.nan) if np.issubdtype(v.dtype, np.floating) else v for k, v in arrays.items()}
+    elif kind == "shape":
+        arrays[first] = arrays[first][:-1]
+    elif kind == "examples":
+        metrics[P.NUM_EXAMPLES] = 0
+    elif kind == "negative":
+        metrics[P.NUM_EXAMPLES] = -5
+    elif kind == "scale":
+        arrays = {k: v * 1.1 if np.issubdtype(v.dtype, np.floating) else v for k, v in arrays.items()}
+    else:
+        raise ValueError(f"unknown misbehave kind {kind!r}")
+    return arrays, metrics
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    reply = product.train(msg, context)
+    kinds = str(context.node_config.get("misbehave", "")).split(",")
+    if not kinds[0]:
+        return reply
+    server_round = int(msg.content[P.CONFIG][P.SERVER_ROUND])
+    arrays = {k: v.numpy() for k, v in reply.content[P.ARRAYS].items()}
+    metrics = dict(reply.content[P.METRICS])
+    arrays, metrics = corrupt(arrays, metrics, kinds[(server_round - 1) % len(kinds)])
+    content = RecordDict({P.ARRAYS: ArrayRecord({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+                                                 arrays.items()}),
+                          P.METRICS: MetricRecord(metrics)})
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return product.evaluate_handler(msg, context)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    time.sleep(float(context.node_config.get("query-delay", 0)))  # answer the partition query late
+    return product.query(msg, context)
+
+
+def make_app_dir(root: Path, out: Path) -> Path:
+    """A Flower app dir = the project's FAB files + this module, with this module as the ClientApp."""
+    from flwr.cli.build import build_fab_from_disk
+
+    if out.exists():
+        shutil.rmtree(out)
+    zipfile.ZipFile(io.BytesIO(build_fab_from_disk(root))).extractall(out)
+    shutil.rmtree(out / ".info", ignore_errors=True)
+    shutil.copy(Path(__file__), out / f"{MODULE}.py")
+    pyproject = out / "pyproject.toml"
+    text = pyproject.read_text()
+    assert 'clientapp = "client.app:app"' in text
+    pyproject.write_text(text.replace('clientapp = "client.app:app"', f'clientapp = "{MODULE}:app"'))
+    return out
