@@ -31,7 +31,7 @@ from strategies import protocol
 
 
 class DivergenceError(RuntimeError):
-    """Training produced NaN/inf; everything written so far is kept."""
+    """The global model or its evaluation became NaN/inf; everything written so far is kept."""
 
 
 def _train_config(cfg: dict[str, Any]) -> ConfigRecord:
@@ -85,10 +85,10 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                         report_every=float(cfg.get("progress_every", 10)))
     num_rounds, eval_every, ckpt_every = int(cfg["num_rounds"]), int(cfg["eval_every"]), int(cfg["checkpoint_every"])
 
-    strategy = build.build_strategy(cfg)
+    dataset = build.server_dataset(cfg)
+    strategy = build.build_strategy(cfg, num_train=len(dataset.y_train))
     start = _resume(cfg, run_dir, strategy)
     arrays = strategy.model_record() if start else build.initial_model(cfg)
-    dataset = build.server_dataset(cfg)
     if not start:
         build.save_partition_summary(cfg, dataset, run_dir)
     evaluator = build.Evaluator(cfg, dataset)
@@ -117,14 +117,19 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "loss_before": _metric(metrics, protocol.LOSS_BEFORE),
             "num_selected": len(messages),
             "num_replies": int(_metric(metrics, "num-replies") or 0),
+            "num_rejected": int(_metric(metrics, "num-rejected") or 0),
             "num_failures": int(_metric(metrics, "num-failures") or 0),
             "num_skipped": int(_metric(metrics, "num-skipped") or 0),
+            "update_norm": _metric(metrics, "update-norm"),
+            "client_update_norm": _metric(metrics, "client-update-norm"),
             "num_refused": int(_metric(metrics, "num-refused") or 0),
             "num_reassigned": int(_metric(metrics, "num-reassigned") or 0),
         }
-        diverged = _divergence(row, metrics, strategy)
+        diverged = _divergence(strategy)
         if not diverged and (rnd % eval_every == 0 or rnd == num_rounds):
             row["loss"], row["accuracy"] = evaluator(arrays)
+            if not math.isfinite(row["loss"]):
+                diverged = f"the test loss of the global model is {row['loss']}"
         row["seconds"] = time.time() - t0
         row["elapsed"] = time.time() - t_run
         writer.append(row)
@@ -146,13 +151,12 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def _divergence(row: dict[str, Any], metrics: Any, strategy: Any) -> str:
-    """Why this round counts as diverged ('' when it does not)."""
-    if metrics is not None and float(metrics.get("nonfinite", 0.0)) > 0:
-        return "a client reported a non-finite loss"
-    for key in ("train_loss", "loss_before"):
-        if row[key] is not None and not math.isfinite(row[key]):
-            return f"{key} = {row[key]}"
+def _divergence(strategy: Any) -> str:
+    """Why the run counts as diverged ('' when it does not): only the *global* model decides.
+
+    Client replies with NaN/inf never reach the model (the strategy rejects them), so one diverging client
+    cannot end a run; the test loss is checked after each evaluation.
+    """
     if strategy.model is not None and not all(np.all(np.isfinite(a)) for a in strategy.model):
         return "the global model has non-finite weights"
     return ""
@@ -164,9 +168,10 @@ def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any]) -> None:
         return "-" if value is None else format(value, spec)
 
     log(INFO, "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
-        "failures %d skipped %d refused %d reassigned %d %.1fs", rnd, num_rounds, fmt("accuracy"), fmt("loss"),
-        fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"], row["num_selected"],
-        row["num_failures"], row["num_skipped"], row["num_refused"], row["num_reassigned"], row["seconds"])
+        "rejected %d failures %d skipped %d refused %d reassigned %d %.1fs", rnd, num_rounds, fmt("accuracy"),
+        fmt("loss"), fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"],
+        row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"], row["num_refused"],
+        row["num_reassigned"], row["seconds"])
 
 
 # --------------------------------------------------------------------------- deployed ServerApp

@@ -12,16 +12,27 @@ from flwr.app import ArrayRecord
 
 from client.data import Dataset, load_dataset
 from client.models import build_model
-from client.partition import dirichlet_partition, label_histograms, parse_alpha, save_histograms
+from client.partition import client_sizes, dirichlet_partition, label_histograms, parse_alpha, save_histograms
 from client.train import evaluate, get_device, load_arrays
 from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay, UniformClientManager
-from strategies.flower import _ServerOptStrategy
+from strategies.base import ServerOptStrategy
 
 DECAY_KEYS = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
 
 
-def build_strategy(cfg: Mapping[str, Any]) -> _ServerOptStrategy:
-    """The configured strategy with its cyclic or uniform client manager (server-side evaluation only)."""
+def max_num_examples(cfg: Mapping[str, Any], num_train: int | None) -> float | None:
+    """``trust.max_num_examples``: "auto" = the largest partition of the split (needs ``num_train``)."""
+    value = cfg.get("trust", {}).get("max_num_examples", "auto")
+    if value == "auto":
+        return None if num_train is None else float(client_sizes(num_train, int(cfg["num_clients"])).max())
+    return None if value is None else float(value)
+
+
+def build_strategy(cfg: Mapping[str, Any], num_train: int | None = None) -> ServerOptStrategy:
+    """The configured strategy with its cyclic or uniform client manager (server-side evaluation only).
+
+    ``num_train``: size of the clients' training split, for the default ``trust.max_num_examples``.
+    """
     s, p = cfg["strategy"], cfg["participation"]
     manager_cls = CyclicClientManager if p["mode"] == "cyclic" else UniformClientManager
     extra = {"groups": p.get("groups")} if p["mode"] == "cyclic" else {}
@@ -34,6 +45,8 @@ def build_strategy(cfg: Mapping[str, Any]) -> _ServerOptStrategy:
         server_lr_schedule=s.get("server_lr_schedule", "constant"),
         schedule_param=float(s.get("schedule_param", 1.0)),
         client_manager=manager,
+        max_update_norm=cfg.get("trust", {}).get("max_update_norm"),
+        max_num_examples=max_num_examples(cfg, num_train),
         fraction_evaluate=0.0,
         min_available_nodes=1,
         min_train_nodes=1,

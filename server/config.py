@@ -108,6 +108,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "client.local_epochs", 0 if int(c.get("local_steps", 0)) > 0 else 1)
     _positive_int(cfg, "client.local_steps", 0)
     _check("client.weight_decay", fm.check_lr, c.get("weight_decay", 0.0), "weight_decay")
+    _validate_trust(cfg)
     _validate_data(cfg, check_paths)
     b = cfg.get("backend", {})
     if float(b.get("num_cpus", 1)) <= 0:
@@ -115,6 +116,20 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     if b.get("num_gpus") is not None and float(b["num_gpus"]) < 0:
         raise ConfigError(f"'backend.num_gpus' must be >= 0 or null (auto), got {b['num_gpus']!r}")
     return cfg
+
+
+def _validate_trust(cfg: dict[str, Any]) -> None:
+    """``trust.max_update_norm``: null or > 0; ``trust.max_num_examples``: null, "auto" or > 0."""
+    trust = cfg.setdefault("trust", {})
+    if not isinstance(trust, dict):
+        raise ConfigError(f"'trust' must be a mapping, got {trust!r}")
+    for key in ("max_update_norm", "max_num_examples"):
+        value = trust.setdefault(key, "auto" if key == "max_num_examples" else None)
+        if value is None or (key == "max_num_examples" and value == "auto"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"'trust.{key}' must be a positive number or null"
+                              f"{' or auto' if key == 'max_num_examples' else ''}, got {value!r}")
 
 
 def _validate_data(cfg: dict[str, Any], check_paths: bool) -> None:

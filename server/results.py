@@ -20,7 +20,8 @@ import numpy as np
 
 COLUMNS = (
     "round", "accuracy", "loss", "server_lr", "client_lr", "seconds", "train_loss", "loss_before",
-    "num_selected", "num_replies", "num_failures", "num_skipped", "elapsed",
+    "num_selected", "num_replies", "num_rejected", "num_failures", "num_skipped", "update_norm", "client_update_norm",
+    "elapsed",
     "num_refused", "num_reassigned",
 )
 

@@ -64,6 +64,11 @@ def weighted_mean(per_client: Sequence[Params], weights: Sequence[float]) -> Par
     return out
 
 
+def l2_norm(params: Params) -> float:
+    """Euclidean norm of a list of numpy arrays taken as one vector (per-layer dot in the arrays' own dtype)."""
+    return math.sqrt(sum(float(np.dot(v, v)) for v in (np.asarray(x).ravel() for x in params)))
+
+
 def model_delta(global_model: Params, mean_client_model: Params) -> Params:
     """Pseudo-gradient Delta^t = theta^{t-1} - mean_i theta_i^{t,J} (seed 000 Eq. 92)."""
     return [g - c for g, c in zip(global_model, mean_client_model)]
