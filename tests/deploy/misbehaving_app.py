@@ -6,10 +6,10 @@ the first kind). Nodes without the key reply exactly like the product ClientApp.
 the app's ClientApp through :func:`make_app_dir` (a copy of the project's FAB files whose pyproject names this
 module), so the product's ClientApp holds no test switch.
 
-Kinds: ``nan`` (every weight NaN), ``shape`` (the first array loses its last row), ``examples``
-(``num-examples`` = 0), ``negative`` (``num-examples`` = -5), ``scale`` (weights x 1.1: finite, right shape, a
-plausible-looking poisoned update). ``query-delay=<s>`` makes the node answer the partition query ``s`` seconds
-late (so another node claims the partition first).
+Kinds: those of ``tests/broken_app.py`` (``wrong-shape``, ``nan``, ``zero-num-examples``, ... : its
+``corrupt`` is reused) plus ``scale`` (weights x 1.1: finite, right shape, a plausible-looking poisoned update).
+``query-delay=<s>`` makes the node answer the partition query ``s`` seconds late (so another node claims the
+partition first).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from broken_app import corrupt
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client import app as product
@@ -32,23 +32,12 @@ MODULE = "misbehaving_app"
 app = ClientApp()
 
 
-def corrupt(arrays: dict[str, np.ndarray], metrics: dict, kind: str) -> tuple[dict[str, np.ndarray], dict]:
-    """The broken version of one train reply."""
-    arrays, metrics = dict(arrays), dict(metrics)
-    first = next(iter(arrays))
-    if kind == "nan":
-        arrays = {k: np.full_like(v, np.nan) if np.issubdtype(v.dtype, np.floating) else v for k, v in arrays.items()}
-    elif kind == "shape":
-        arrays[first] = arrays[first][:-1]
-    elif kind == "examples":
-        metrics[P.NUM_EXAMPLES] = 0
-    elif kind == "negative":
-        metrics[P.NUM_EXAMPLES] = -5
-    elif kind == "scale":
-        arrays = {k: v * 1.1 if np.issubdtype(v.dtype, np.floating) else v for k, v in arrays.items()}
-    else:
-        raise ValueError(f"unknown misbehave kind {kind!r}")
-    return arrays, metrics
+def scaled(reply: Message, factor: float = 1.1) -> RecordDict:
+    """The reply with every floating array multiplied by ``factor``."""
+    arrays = {k: v.numpy() for k, v in reply.content[P.ARRAYS].items()}
+    arrays = {k: v * factor if np.issubdtype(v.dtype, np.floating) else v for k, v in arrays.items()}
+    return RecordDict({P.ARRAYS: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
+                       P.METRICS: MetricRecord(dict(reply.content[P.METRICS]))})
 
 
 @app.train()
@@ -57,14 +46,8 @@ def train(msg: Message, context: Context) -> Message:
     kinds = str(context.node_config.get("misbehave", "")).split(",")
     if not kinds[0]:
         return reply
-    server_round = int(msg.content[P.CONFIG][P.SERVER_ROUND])
-    arrays = {k: v.numpy() for k, v in reply.content[P.ARRAYS].items()}
-    metrics = dict(reply.content[P.METRICS])
-    arrays, metrics = corrupt(arrays, metrics, kinds[(server_round - 1) % len(kinds)])
-    content = RecordDict({P.ARRAYS: ArrayRecord({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
-                                                 arrays.items()}),
-                          P.METRICS: MetricRecord(metrics)})
-    return Message(content, reply_to=msg)
+    kind = kinds[(int(msg.content[P.CONFIG][P.SERVER_ROUND]) - 1) % len(kinds)]
+    return Message(scaled(reply) if kind == "scale" else corrupt(reply, kind), reply_to=msg)
 
 
 @app.evaluate()
@@ -87,6 +70,8 @@ def make_app_dir(root: Path, out: Path) -> Path:
     zipfile.ZipFile(io.BytesIO(build_fab_from_disk(root))).extractall(out)
     shutil.rmtree(out / ".info", ignore_errors=True)
     shutil.copy(Path(__file__), out / f"{MODULE}.py")
+    for helper in ("broken_app.py", "toy_app.py"):  # imported from the app's top level, like this module
+        shutil.copy(root / "tests" / helper, out / helper)
     pyproject = out / "pyproject.toml"
     text = pyproject.read_text()
     assert 'clientapp = "client.app:app"' in text
