@@ -9,7 +9,7 @@ module), so the product's ClientApp holds no test switch.
 Kinds: those of ``tests/broken_app.py`` (``wrong-shape``, ``nan``, ``zero-num-examples``, ... : its
 ``corrupt`` is reused) plus ``scale`` (weights x 1.1: finite, right shape, a plausible-looking poisoned update).
 ``query-delay=<s>`` makes the node answer the partition query ``s`` seconds late (so another node claims the
-partition first).
+partition first); ``train-delay=<s>`` makes it train ``s`` seconds longer (so a test can kill it mid-round).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def scaled(reply: Message, factor: float = 1.1) -> RecordDict:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    time.sleep(float(context.node_config.get("train-delay", 0)))  # a slow client (fault tests kill it meanwhile)
     reply = product.train(msg, context)
     kinds = str(context.node_config.get("misbehave", "")).split(",")
     if not kinds[0]:
