@@ -9,6 +9,7 @@ of the medians of rounds 2..R. The bare client work of one round (``train_on_par
 Flower) is measured too. Prints a Markdown table (docs/benchmarks.md records the figures) and the load average.
 
     python benchmarks/deploy_overhead.py                     # generated 32x32 data, 4 clients, 6 rounds
+    python benchmarks/deploy_overhead.py --polls 0.2,0.5     # also the fast mode with a 0.5 s SuperNode poll
     python benchmarks/deploy_overhead.py --data /data/cifar10-jpeg.tar.gz --local-steps 20 --rounds 6
 """
 
@@ -36,11 +37,13 @@ def _overrides(args: argparse.Namespace, data: Path, cache: Path, run_dir: Path)
             f"hydra.run.dir={run_dir}"]
 
 
-ENGINES = {  # label -> (console script, extra overrides)
-    "flower-simulation": ("flower-simulation", []),
-    "flower-deploy deploy.fast=false (stock Flower)": ("flower-deploy", ["deploy.fast=false"]),
-    "flower-deploy (fast, default)": ("flower-deploy", []),
-}
+def engines(polls: list[float]) -> dict[str, tuple[str, list[str]]]:
+    """label -> (console script, extra overrides): simulation, stock deployment, fast deployment per poll."""
+    out = {"flower-simulation": ("flower-simulation", []),
+           "flower-deploy deploy.fast=false (stock Flower)": ("flower-deploy", ["deploy.fast=false"])}
+    for poll in polls:
+        out[f"flower-deploy deploy.poll_interval={poll} (fast)"] = ("flower-deploy", [f"deploy.poll_interval={poll}"])
+    return out
 
 
 def _run(engine: str, overrides: list[str], run_dir: Path) -> dict[str, float]:
@@ -86,6 +89,7 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--eval-max", type=int, default=200)
+    parser.add_argument("--polls", default="0.2", help="comma-separated deploy.poll_interval values (fast mode)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +104,7 @@ def main() -> None:
         work = _client_work(args, data, cache)
         load_before = os.getloadavg()[0]
         results = {}
-        for i, (label, (engine, extra)) in enumerate(ENGINES.items()):
+        for i, (label, (engine, extra)) in enumerate(engines([float(p) for p in args.polls.split(",")]).items()):
             run_dir = tmp_path / f"run{i}"
             results[label] = _run(engine, [*_overrides(args, data, cache, run_dir), *extra], run_dir)
     sim = results["flower-simulation"]

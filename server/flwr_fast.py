@@ -51,6 +51,7 @@ from typing import Any
 
 FLWR_VERSION = "1.39.0"  # the only version whose internals were read for this module
 DEFAULT_POLL_INTERVAL = 0.2  # seconds between the SuperNode's pulls from the SuperLink when idle (Flower: 3)
+LOCAL_WAIT = 0.02  # seconds between the SuperNode's checks of its own state for a reply (Flower: 0.5)
 FALLBACK_POLL = 2.0  # seconds between the worker's task polls when the SuperNode signals nothing
 PRELOAD = ("numpy", "torch", "flwr.app", "flwr.clientapp", "flwr.supernode.runtime.run_clientapp")
 SUPERNODE_LOOP = "flwr.supernode.start_client_internal"
@@ -80,13 +81,15 @@ INTERNALS = (
 
 
 class ShortSleepTime:
-    """Stand-in for the ``time`` module inside Flower's SuperNode loop: every ``sleep`` lasts at most ``cap``."""
+    """Stand-in for the ``time`` module inside Flower's SuperNode loop: the idle wait between pulls from the
+    SuperLink (``sleep(3)``) lasts at most ``cap``; the waits on the node's own in-memory state for the
+    ClientApp's reply (``sleep(0.5)``, no network traffic) at most ``LOCAL_WAIT``."""
 
     def __init__(self, cap: float) -> None:
         self.cap = cap
 
     def sleep(self, seconds: float) -> None:
-        time.sleep(min(seconds, self.cap))
+        time.sleep(min(seconds, self.cap if seconds >= 1 else LOCAL_WAIT))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)

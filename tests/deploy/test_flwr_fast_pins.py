@@ -90,7 +90,8 @@ def test_patches_apply_and_are_idempotent(monkeypatch):
     flwr_fast.patch_supernode_loop(0.01)
     flwr_fast.patch_supernode_loop(0.01)
     t0 = time.monotonic()
-    module.time.sleep(3)
+    module.time.sleep(3)  # the idle wait: capped at the poll interval
+    module.time.sleep(0.5)  # a wait on local state: capped at LOCAL_WAIT
     assert time.monotonic() - t0 < 1.0 and module.time.monotonic() > 0
     flwr_fast.patch_object_pulls()
     flwr_fast.patch_object_pulls()
