@@ -97,10 +97,12 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     t_run = time.time()
     log(INFO, "Run dir %s: %s, %s, %d clients, rounds %d..%d", run_dir, cfg["strategy"]["name"],
         cfg["model"]["name"], cfg["num_clients"], start + 1, num_rounds)
+    write_status(run_dir, "running", start)
     if start == 0:
-        loss0, acc0 = evaluator(arrays)
-        writer.append({"round": 0, "accuracy": acc0, "loss": loss0, "seconds": 0.0, "elapsed": 0.0})
-        log(INFO, "[round 0/%d] accuracy %.4f loss %.4f", num_rounds, acc0, loss0)
+        row0 = {"round": 0, **evaluator.metrics(arrays), "seconds": 0.0, "elapsed": 0.0}
+        writer.append(row0)
+        log(INFO, "[round 0/%d] accuracy %.4f loss %.4f%s", num_rounds, row0["accuracy"], row0["loss"],
+            _pop_text(row0))
 
     for rnd in range(start + 1, num_rounds + 1):
         t0 = time.time()
@@ -127,7 +129,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         }
         diverged = _divergence(strategy)
         if not diverged and (rnd % eval_every == 0 or rnd == num_rounds):
-            row["loss"], row["accuracy"] = evaluator(arrays)
+            row.update(evaluator.metrics(arrays))
             if not math.isfinite(row["loss"]):
                 diverged = f"the test loss of the global model is {row['loss']}"
         row["seconds"] = time.time() - t0
@@ -135,6 +137,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         writer.append(row)
         _log_progress(rnd, num_rounds, row)
         if diverged:
+            write_status(run_dir, "diverged", rnd, diverged)
             plot_run(run_dir)
             raise DivergenceError(f"training diverged at round {rnd} ({diverged}); metrics up to this round and "
                                   f"the last checkpoint are in {run_dir}")
@@ -148,7 +151,22 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     summary = {"run_dir": str(run_dir), "rounds": num_rounds, "accuracy": last.get("accuracy"),
                "loss": last.get("loss"), "seconds": time.time() - t_run}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_status(run_dir, "finished", num_rounds)
     return summary
+
+
+def write_status(run_dir: Path, status: str, last_round: int, reason: str = "") -> None:
+    """status.json: "running" (also what a killed run leaves), "diverged" (exit 3, with the reason) or
+    "finished"; ``round`` = the last round whose metrics were written. ``flower-report`` reads it."""
+    record = {"status": status, "round": last_round, "reason": reason}
+    (run_dir / "status.json").write_text(json.dumps(record))
+
+
+def _pop_text(row: dict[str, Any]) -> str:
+    """' pop_loss … pop_accuracy …' when the population was evaluated this round (eval_train)."""
+    if row.get("pop_loss") is None:
+        return ""
+    return f" pop_loss {row['pop_loss']:.4f} pop_accuracy {row['pop_accuracy']:.4f}"
 
 
 def _divergence(strategy: Any) -> str:
@@ -168,10 +186,10 @@ def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any]) -> None:
         return "-" if value is None else format(value, spec)
 
     log(INFO, "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
-        "rejected %d failures %d skipped %d refused %d reassigned %d %.1fs", rnd, num_rounds, fmt("accuracy"),
+        "rejected %d failures %d skipped %d refused %d reassigned %d %.1fs%s", rnd, num_rounds, fmt("accuracy"),
         fmt("loss"), fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"],
         row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"], row["num_refused"],
-        row["num_reassigned"], row["seconds"])
+        row["num_reassigned"], row["seconds"], _pop_text(row))
 
 
 # --------------------------------------------------------------------------- deployed ServerApp

@@ -18,6 +18,7 @@ from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUp
 from strategies.base import ServerOptStrategy
 
 DECAY_KEYS = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
+SERVER_OPTIMIZER_KEYS = ("server_optimizer", "beta_1", "beta_2", "tau", "bias_correction")
 
 
 def max_num_examples(cfg: Mapping[str, Any], num_train: int | None) -> float | None:
@@ -52,10 +53,11 @@ def build_strategy(cfg: Mapping[str, Any], num_train: int | None = None) -> Serv
         min_train_nodes=1,
     )
     name = s["name"]
-    if name == "fedavgm":
-        return FedAvgM(momentum=float(s["momentum"]), **common)
     if name == "fedcm":
         return FedCM(momentum=float(s["momentum"]), **common)
+    common.update({k: s[k] for k in SERVER_OPTIMIZER_KEYS if k in s})  # Adam / Adagrad / Yogi (Reddi et al.)
+    if name == "fedavgm":
+        return FedAvgM(momentum=float(s["momentum"]), **common)
     theta = s.get("theta", "fedavg")
     theta = theta if isinstance(theta, str) else [float(w) for w in theta]
     if name == "localupdate":
@@ -85,22 +87,36 @@ def server_dataset(cfg: Mapping[str, Any]) -> Dataset:
     return load_dataset(d["name"], d["root"], d.get("cache_dir") or None, download=bool(d.get("download", False)))
 
 
+def client_partitions(cfg: Mapping[str, Any], ds: Dataset) -> list[np.ndarray]:
+    """Train indices of every client: the Dirichlet split the ClientApps draw (partition seed = ``seed``)."""
+    return dirichlet_partition(np.asarray(ds.y_train), int(cfg["num_clients"]), parse_alpha(cfg["data"]["alpha"]),
+                               int(cfg["seed"]), ds.num_classes)
+
+
 def save_partition_summary(cfg: Mapping[str, Any], ds: Dataset, run_dir: Path) -> np.ndarray:
     """Per-client label histograms of the clients' split (csv, json, png in the run dir)."""
-    parts = dirichlet_partition(np.asarray(ds.y_train), int(cfg["num_clients"]), parse_alpha(cfg["data"]["alpha"]),
-                                int(cfg["seed"]), ds.num_classes)
+    parts = client_partitions(cfg, ds)
     hist = label_histograms(np.asarray(ds.y_train), parts, ds.num_classes)
     save_histograms(run_dir, hist, ds.classes, title=f"alpha={cfg['data']['alpha']}", stem="partition")
     return hist
 
 
 class Evaluator:
-    """Server-side test-set evaluation of a global model."""
+    """Server-side evaluation of a global model: the test set, and with ``eval_train`` the clients' population.
+
+    The population loss is seed 001 Eq. 2, f(x) = E_{i~P} f_i(x) with P uniform over the N clients and f_i the
+    mean loss over client i's training examples (no augmentation): the mean over clients of their mean losses
+    (the partitions are equal up to one example, so this is also the loss over the union of their data).
+    ``eval_train_max_examples`` > 0 takes that many examples in all, evenly spaced within each partition.
+    """
 
     def __init__(self, cfg: Mapping[str, Any], ds: Dataset) -> None:
         self.ds = ds
         self.model = build_model(cfg["model"]["name"], ds.num_classes).to(get_device())
         self.max_examples = int(cfg.get("eval_max_examples", 0))
+        self.partitions = client_partitions(cfg, ds) if cfg.get("eval_train") else None
+        train_max = int(cfg.get("eval_train_max_examples", 0))
+        self.per_client_max = max(1, -(-train_max // int(cfg["num_clients"]))) if train_max > 0 else 0
 
     def __call__(self, arrays: ArrayRecord) -> tuple[float, float]:
         """(test loss, test accuracy)."""
@@ -109,3 +125,18 @@ class Evaluator:
             loss, acc, _ = evaluate(self.model, self.ds.x_test, self.ds.y_test, self.ds.mean, self.ds.std,
                                     self.max_examples)
         return float(loss), float(acc)
+
+    def population(self, arrays: ArrayRecord) -> tuple[float, float]:
+        """(population train loss f(x), population train accuracy): means over clients of their means."""
+        load_arrays(self.model, {k: v.numpy() for k, v in arrays.items()})
+        per_client = [evaluate(self.model, self.ds.x_train[idx], self.ds.y_train[idx], self.ds.mean, self.ds.std,
+                               self.per_client_max)[:2] for idx in self.partitions]
+        loss, acc = np.mean(np.asarray(per_client, dtype=np.float64), axis=0)
+        return float(loss), float(acc)
+
+    def metrics(self, arrays: ArrayRecord) -> dict[str, float]:
+        """Metrics-row entries: ``loss``, ``accuracy`` and, with ``eval_train``, ``pop_loss``, ``pop_accuracy``."""
+        row = dict(zip(("loss", "accuracy"), self(arrays)))
+        if self.partitions is not None:
+            row.update(zip(("pop_loss", "pop_accuracy"), self.population(arrays)))
+        return row

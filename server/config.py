@@ -20,6 +20,7 @@ from strategies import math as fm
 from strategies.participation import make_schedule
 
 STRATEGIES = ("fedavgm", "fedcm", "localupdate", "localupdate_decay")
+FEDOPT_STRATEGIES = ("fedavgm", "localupdate", "localupdate_decay")  # accept strategy.server_optimizer
 MODELS = ("cnn", "resnet20")
 DATASETS = ("cifar10", "cifar10_folder")
 TOY_DATASETS = ()
@@ -79,6 +80,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     progress = cfg.get("progress_every", 10)
     if isinstance(progress, bool) or not isinstance(progress, int | float) or progress <= 0:
         raise ConfigError(f"'progress_every' must be a number of seconds > 0, got {progress!r}")
+    _validate_eval_train(cfg)
     s = _require(cfg, "strategy")
     name = _require(cfg, "strategy.name")
     if name not in STRATEGIES:
@@ -92,6 +94,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         _check("strategy.theta", fm.theta_weights, _require(cfg, "strategy.theta"), 1)
     _check("strategy.server_lr_schedule", fm.check_schedule, s.get("server_lr_schedule", "constant"),
            s.get("schedule_param", 1.0))
+    _validate_server_optimizer(cfg)
     if name == "localupdate_decay":
         keys = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
         _check("strategy", fm.PlateauDecayConfig, *[_require(cfg, f"strategy.{k}") for k in keys])
@@ -116,6 +119,31 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     if b.get("num_gpus") is not None and float(b["num_gpus"]) < 0:
         raise ConfigError(f"'backend.num_gpus' must be >= 0 or null (auto), got {b['num_gpus']!r}")
     return cfg
+
+
+def _validate_server_optimizer(cfg: dict[str, Any]) -> None:
+    """``strategy.server_optimizer`` and its knobs (FedAvgM with momentum 0, LocalUpdate, LocalUpdateDecay)."""
+    s = cfg["strategy"]
+    optimizer = s.get("server_optimizer", "sgd")
+    if s["name"] not in FEDOPT_STRATEGIES:
+        if optimizer != "sgd":
+            raise ConfigError(f"'strategy.server_optimizer': {s['name']} supports only sgd, got {optimizer!r}")
+        return
+    if not isinstance(s.get("bias_correction", True), bool):
+        raise ConfigError(f"'strategy.bias_correction' must be true or false, got {s['bias_correction']!r}")
+    try:
+        fm.server_optimizer_config(optimizer, s.get("beta_1"), s.get("beta_2"), s.get("tau"),
+                                   s.get("bias_correction", True), float(s.get("momentum", 0.0)), prefix="strategy.")
+    except (TypeError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def _validate_eval_train(cfg: dict[str, Any]) -> None:
+    """``eval_train``: bool (population loss f(x), seed 001 Eq. 2); ``eval_train_max_examples``: int >= 0."""
+    if not isinstance(cfg.setdefault("eval_train", False), bool):
+        raise ConfigError(f"'eval_train' must be true or false, got {cfg['eval_train']!r}")
+    cfg.setdefault("eval_train_max_examples", 0)
+    _positive_int(cfg, "eval_train_max_examples", 0)
 
 
 def _validate_trust(cfg: dict[str, Any]) -> None:

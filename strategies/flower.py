@@ -21,9 +21,10 @@ from flwr.common.logger import log
 from strategies import math as fm
 from strategies import protocol
 from strategies.base import ServerOptStrategy, to_record
+from strategies.fedopt import AdaptiveServerStrategy
 
 
-class FedAvgM(ServerOptStrategy):
+class FedAvgM(AdaptiveServerStrategy):
     """FedAvg with server heavy-ball momentum (seed 000 Eq. 92).
 
     theta^t = theta^{t-1} - eta_t (1 - beta) Delta^t + beta (theta^{t-1} - theta^{t-2}),
@@ -48,6 +49,10 @@ class FedAvgM(ServerOptStrategy):
         Reject replies whose update (theta^{t-1} - theta_i, or q) has a larger L2 norm (None = no cap).
     max_num_examples : float, optional
         Reject replies that claim a larger weight ``num-examples`` (None = no cap).
+    server_optimizer, beta_1, beta_2, tau, bias_correction
+        Adam / Adagrad / Yogi on Delta^t instead of the heavy-ball step (needs ``momentum=0``); with the same
+        knobs it equals Flower's FedAdam / FedAdagrad / FedYogi(eta=server_lr). See
+        :class:`strategies.fedopt.AdaptiveServerStrategy`.
     **fedavg_kwargs
         Passed to Flower's ``FedAvg`` (fractions, minimum nodes, record keys).
     """
@@ -58,8 +63,11 @@ class FedAvgM(ServerOptStrategy):
         self, server_round: int, per_client: list[list[np.ndarray]], weights: list[float]
     ) -> list[np.ndarray]:
         delta = fm.model_delta(self.model, fm.weighted_mean(per_client, weights))
-        new = fm.fedavgm_server_update(self.model, self.prev_model, delta, self.current_server_lr(server_round),
-                                       self.momentum)
+        if self.server_optimizer is not None:
+            new = self.adaptive_update(server_round, delta)
+        else:
+            new = fm.fedavgm_server_update(self.model, self.prev_model, delta, self.current_server_lr(server_round),
+                                           self.momentum)
         self.prev_model, self.model = self.model, new
         return delta
 
@@ -91,7 +99,7 @@ class FedCM(ServerOptStrategy):
         return delta
 
 
-class LocalUpdate(ServerOptStrategy):
+class LocalUpdate(AdaptiveServerStrategy):
     """LocalUpdate with decoupled client lr gamma and server lr eta (seed 001 Algorithms 1-2).
 
     Each client runs K mini-batch SGD steps with lr gamma and replies, in the ArrayRecord
@@ -107,6 +115,8 @@ class LocalUpdate(ServerOptStrategy):
         "fedavg" (Theta_{1:K}), "fomaml" (Theta_K) or explicit weights (K = len(theta)).
     local_steps : int
         K for a preset theta; 0 lets the client take E epochs (K = its number of steps).
+    server_optimizer : str
+        "sgd" or Adam / Adagrad / Yogi on mean q (seed 001 Section 8.4 uses Yogi), as in :class:`FedAvgM`.
     Other parameters as in :class:`FedAvgM` (no momentum).
     """
 
@@ -136,7 +146,10 @@ class LocalUpdate(ServerOptStrategy):
         self, server_round: int, per_client: list[list[np.ndarray]], weights: list[float]
     ) -> list[np.ndarray]:
         mean_update = fm.weighted_mean(per_client, weights)
-        new = fm.localupdate_server_update(self.model, mean_update, self.current_server_lr(server_round))
+        if self.server_optimizer is not None:
+            new = self.adaptive_update(server_round, mean_update)
+        else:
+            new = fm.localupdate_server_update(self.model, mean_update, self.current_server_lr(server_round))
         self.prev_model, self.model = self.model, new
         return mean_update
 
@@ -149,7 +162,8 @@ class LocalUpdateDecay(LocalUpdate):
     after P rounds without an improvement of ``min_delta`` (outside a cooldown of C
     rounds, which also covers the first C rounds) it sets gamma <- gamma * client_decay
     and eta <- eta * server_decay, floored at ``min_lr``. See
-    :func:`strategies.math.plateau_decay_step`.
+    :func:`strategies.math.plateau_decay_step`. With an adaptive ``server_optimizer`` the decayed eta is the
+    optimizer's step size.
     """
 
     required_metrics = (protocol.LOSS_BEFORE,)
