@@ -134,7 +134,9 @@ class Federation:
         """Start (or restart) the SuperLink and wait until its HTTP API answers ``/health``."""
         if not self.spawn:
             raise RuntimeError("this federation uses an existing SuperLink")
-        cmd = [procs.executable("flower-superlink"), *self._security_flags(),
+        launcher = [sys.executable, "-m", "server.flwr_fast", "superlink"] if self.options.fast else \
+            [procs.executable("flower-superlink")]  # fast: objects in memory, state in the database file
+        cmd = [*launcher, *self._security_flags(),
                "--fleet-api-address", f"{self.options.host}:{self.fleet_port}",
                "--host", LOOPBACK, "--port", str(self.control_port),
                "--disable-runtime-dependency-installation",

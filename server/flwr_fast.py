@@ -8,9 +8,17 @@ A stock Flower 1.39 deployment loses seconds per round in fixed waits (read in t
   ``flwr-clientapp`` process per message, which imports torch and flwr again (1.5-4 s on 2 cores);
 - a message becomes visible before its objects (the model) are uploaded, and whoever pulls it early retries the
   object pulls with a backoff of 1 s, 2 s, 4 s, ... (``supercore/inflatable/inflatable_utils.py``): a fast
-  poller would hit that on most rounds.
+  poller would hit that on most rounds;
+- a SuperLink started with ``--database <file>`` (so that SuperNodes survive a SuperLink restart) also keeps
+  every object (each model array, both ways) in that SQLite file, one transaction per object
+  (``superlink/config_loader.py``, ``supercore/object_store/sql_object_store.py``): ~3 s per round here.
 
 This module keeps Flower's files untouched and instead runs
+
+- :func:`superlink_main` (``python -m server.flwr_fast superlink <flower-superlink args>``): Flower's own
+  ``flower-superlink`` in this process, whose object store is always in memory (the LinkState, i.e. nodes,
+  keys, runs and messages, still lives in the ``--database`` file; objects of messages in flight are lost in a
+  SuperLink crash, and flower-deploy resumes the run from its checkpoint anyway);
 
 - :func:`supernode_main` (``python -m server.flwr_fast supernode <flower-supernode args>``): Flower's own
   ``flower-supernode`` in this process, with the two sleeps of ``start_client_internal`` capped at
@@ -57,6 +65,7 @@ PRELOAD = ("numpy", "torch", "flwr.app", "flwr.clientapp", "flwr.supernode.runti
 SUPERNODE_LOOP = "flwr.supernode.start_client_internal"
 CLIENTAPP_RUNTIME = "flwr.supernode.runtime.run_clientapp"
 SERVERAPP_GRID = "flwr.superlink.grid.http_grid"
+SUPERLINK_CONFIG = "flwr.superlink.config_loader"
 PULL_BACKOFF = {"initial_backoff": 0.05, "backoff_cap": 0.5, "max_tries_per_object": None}  # Flower: 1, 10, 500
 # (module, function) whose object pulls get PULL_BACKOFF: the SuperNode, the ClientApp, the ServerApp's grid
 OBJECT_PULLS = ((SUPERNODE_LOOP, "pull_objects"), (CLIENTAPP_RUNTIME, "pull_and_inflate_object_from_tree"),
@@ -77,6 +86,9 @@ INTERNALS = (
     ("flwr.supercore.app_utils", "start_parent_process_monitor"),
     ("flwr.supercore.constant", "TaskType"),
     ("flwr.proto.runtime_pb2", "AcquireTaskRequest"),
+    ("flwr.common.logger", "update_console_handler"),  # timestamps in the SuperNode's and worker's log lines
+    (SUPERLINK_CONFIG, "ObjectStoreFactory"),  # called as ObjectStoreFactory(database) for SQLite databases
+    ("flwr.superlink.cli.flower_superlink", "flower_superlink"),
 )
 
 
@@ -137,6 +149,31 @@ def patch_object_pulls(*names: str) -> None:
             setattr(module, attr, functools.partial(original, **PULL_BACKOFF))
 
 
+# --------------------------------------------------------------------------- SuperLink launcher
+def patch_object_store_in_memory() -> None:
+    """Make the SuperLink build an in-memory object store whatever ``--database`` says (LinkState unchanged)."""
+    module = importlib.import_module(SUPERLINK_CONFIG)
+    factory = module.ObjectStoreFactory
+    if getattr(factory, "in_memory", False):
+        return
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+
+    def in_memory_factory(database: str = FLWR_IN_MEMORY_DB_NAME) -> Any:
+        return factory(FLWR_IN_MEMORY_DB_NAME)
+
+    in_memory_factory.in_memory = True  # type: ignore[attr-defined]
+    module.ObjectStoreFactory = in_memory_factory
+
+
+def superlink_main(argv: list[str]) -> None:
+    """Run ``flower-superlink`` in this process with an in-memory object store (see the module doc)."""
+    patch_object_store_in_memory()
+    from flwr.superlink.cli.flower_superlink import flower_superlink
+
+    sys.argv = ["flower-superlink", *argv]
+    flower_superlink()
+
+
 # --------------------------------------------------------------------------- SuperNode launcher
 def _supernode_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -169,6 +206,7 @@ def supernode_main(argv: list[str]) -> None:
             os.set_blocking(notify_w, False)
             worker = _start_worker(f"{args.host}:{args.port}", str(secret_file), notify_r)
             os.close(notify_r)
+        _timestamped_logs()
         watch = LoopWatch(notify_w)
         patch_supernode_loop(args.poll_interval)
         patch_object_pulls(SUPERNODE_LOOP)
@@ -204,6 +242,12 @@ def join_failure_hint(flower_args: list[str]) -> str:
     causes.append("check the address and the firewall")
     return (f"flower-supernode: did not join the SuperLink at {value('--superlink')} (Flower's reason above; "
             f"exit code 1, retries bounded by --max-retries/--max-wait-time): " + "; ".join(causes) + ".")
+
+
+def _timestamped_logs() -> None:
+    from flwr.common.logger import update_console_handler
+
+    update_console_handler(timestamps=True)
 
 
 def write_secret(path: Path) -> Path:
@@ -243,6 +287,7 @@ def worker_main(argv: list[str]) -> None:
     args = _worker_parser().parse_args(argv)
     for name in PRELOAD:
         importlib.import_module(name)
+    _timestamped_logs()
     patch_object_pulls(CLIENTAPP_RUNTIME)  # inherited by every fork
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.app_utils import start_parent_process_monitor
@@ -329,7 +374,7 @@ def _fork_task(runtime_address: str, token: str) -> int:
 
 def main() -> None:
     """``python -m server.flwr_fast {supernode|clientapp-worker} ...``."""
-    commands = {"supernode": supernode_main, "clientapp-worker": worker_main}
+    commands = {"superlink": superlink_main, "supernode": supernode_main, "clientapp-worker": worker_main}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         raise SystemExit(f"usage: python -m server.flwr_fast {{{'|'.join(commands)}}} [args]")
     commands[sys.argv[1]](sys.argv[2:])

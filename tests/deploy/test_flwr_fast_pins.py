@@ -52,6 +52,19 @@ def test_object_pull_backoff_parameters():
     assert "pull_objects(" in inspect.getsource(grid.HttpGrid.pull_messages)
 
 
+def test_superlink_object_store_construction(monkeypatch):
+    """The SuperLink builds its object store as ObjectStoreFactory(database) (module global of config_loader)."""
+    module = importlib.import_module(flwr_fast.SUPERLINK_CONFIG)
+    assert "objectstore_factory = ObjectStoreFactory(database)" in inspect.getsource(
+        module.get_objectstore_linkstate_factories)
+    monkeypatch.setattr(module, "ObjectStoreFactory", module.ObjectStoreFactory)
+    flwr_fast.patch_object_store_in_memory()
+    flwr_fast.patch_object_store_in_memory()
+    from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
+
+    assert isinstance(module.ObjectStoreFactory("/tmp/unused-state.db").store(), InMemoryObjectStore)
+
+
 def test_worker_calls():
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.constant import TaskType
