@@ -9,7 +9,9 @@ of the medians of rounds 2..R. The bare client work of one round (``train_on_par
 Flower) is measured too. Prints a Markdown table (docs/benchmarks.md records the figures) and the load average.
 
     python benchmarks/deploy_overhead.py                     # generated 32x32 data, 4 clients, 6 rounds
-    python benchmarks/deploy_overhead.py --polls 0.2,0.5     # also the fast mode with a 0.5 s SuperNode poll
+    python benchmarks/deploy_overhead.py --polls 0.2,0.5     # the fast mode with a 0.2 s and a 0.5 s SuperNode poll
+    python benchmarks/deploy_overhead.py --idle-cpu          # CPU burnt by an idle federation of 4 SuperNodes
+
     python benchmarks/deploy_overhead.py --data /data/cifar10-jpeg.tar.gz --local-steps 20 --rounds 6
 """
 
@@ -80,6 +82,52 @@ def _client_work(args: argparse.Namespace, data: Path, cache: Path) -> float:
     return time.monotonic() - t0
 
 
+def _cpu_seconds(pids: set[int]) -> dict[int, float]:
+    """utime + stime of each live pid (seconds)."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _idle_cpu(fast: bool, poll: float, seconds: float = 20.0) -> tuple[float, float]:
+    """CPU seconds per second used by an idle SuperLink + 4 SuperNodes: (SuperLink side, all processes)."""
+    from server import procs
+    from server.federation import Federation, FederationOptions
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fed = Federation(Path(tmp) / "deploy", ROOT, FederationOptions(fast=fast, poll_interval=poll))
+        try:
+            fed.start_superlink()
+            fed.start_supernodes(4, 4, tmp)
+            fed.wait_nodes(4)
+            time.sleep(5)
+            table = procs.process_table()
+            members = {p.name: p.members(table) for p in fed.processes()}
+            before = {name: _cpu_seconds(pids) for name, pids in members.items()}
+            time.sleep(seconds)
+            used = {name: sum(v - before[name].get(pid, v) for pid, v in _cpu_seconds(pids).items()) / seconds
+                    for name, pids in members.items()}
+        finally:
+            fed.stop()
+    return used["superlink"] + used.get("superexec", 0.0), sum(used.values())
+
+
+def _idle_cpu_table(polls: list[float]) -> None:
+    print(f"1-min load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)\n")
+    print("| idle federation (SuperLink + 4 SuperNodes) | SuperLink CPU-s/s | all processes CPU-s/s |")
+    print("| --- | --- | --- |")
+    for label, fast, poll in [("stock Flower (3 s pulls)", False, 3.0),
+                              *[(f"fast, poll_interval={p}", True, p) for p in polls]]:
+        link, total = _idle_cpu(fast, poll)
+        print(f"| {label} | {link:.3f} | {total:.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, help="ImageFolder tree or .tar.gz (default: generated 32x32 images)")
@@ -89,9 +137,14 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--eval-max", type=int, default=200)
-    parser.add_argument("--polls", default="0.2", help="comma-separated deploy.poll_interval values (fast mode)")
+    parser.add_argument("--polls", default="0.5", help="comma-separated deploy.poll_interval values (fast mode)")
+    parser.add_argument("--idle-cpu", action="store_true",
+                        help="only measure the CPU use of an idle federation (SuperLink + 4 SuperNodes, no run)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    if args.idle_cpu:
+        _idle_cpu_table([float(p) for p in args.polls.split(",")])
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         data = args.data

@@ -62,7 +62,7 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
         value = d.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise config_lib.ConfigError(f"'deploy.{key}' must be a number >= 0, got {value!r}")
-    poll = d.get("poll_interval", 0.2)
+    poll = d.get("poll_interval", 0.5)
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll <= 3:
         raise config_lib.ConfigError(f"'deploy.poll_interval' must be in (0, 3] seconds, got {poll!r}")
     for key in ("fast", "bind_partitions"):

@@ -62,7 +62,7 @@ class FederationOptions:
     startup_timeout: float = 60.0
     stop_timeout: float = 15.0
     fast: bool = True  # short polling + warm ClientApp workers (server.flwr_fast); False = stock Flower processes
-    poll_interval: float = 0.2  # SuperNode pull / worker task poll interval with ``fast``
+    poll_interval: float = 0.5  # seconds between a SuperNode's idle pulls with ``fast`` (Flower: 3)
     supernode_max_wait: float = 60.0  # SuperNodes exit after this many seconds without reaching the SuperLink
 
 

@@ -58,7 +58,7 @@ from types import ModuleType
 from typing import Any
 
 FLWR_VERSION = "1.39.0"  # the only version whose internals were read for this module
-DEFAULT_POLL_INTERVAL = 0.2  # seconds between the SuperNode's pulls from the SuperLink when idle (Flower: 3)
+DEFAULT_POLL_INTERVAL = 0.5  # seconds between the SuperNode's pulls from the SuperLink when idle (Flower: 3)
 LOCAL_WAIT = 0.02  # seconds between the SuperNode's checks of its own state for a reply (Flower: 0.5)
 FALLBACK_POLL = 2.0  # seconds between the worker's task polls when the SuperNode signals nothing
 PRELOAD = ("numpy", "torch", "flwr.app", "flwr.clientapp", "flwr.supernode.runtime.run_clientapp")
