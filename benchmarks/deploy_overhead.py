@@ -1,12 +1,18 @@
 """Per-round overhead of the deployment engine (SuperLink + SuperNode processes) vs the Ray simulation.
 
-Runs the identical Hydra config with ``flower-simulation`` and with ``flower-deploy`` and reads the per-round
+Runs the identical Hydra config with ``flower-simulation``, with ``flower-deploy deploy.fast=false`` (stock
+Flower 1.39 processes: 3 s polling, one fresh ``flwr-clientapp`` per message) and with ``flower-deploy``
+(``deploy.fast=true``: short polling, warm ClientApp workers, see server/flwr_fast.py), and reads the per-round
 ``seconds`` column of each run's metrics (selection + client work + aggregation + server evaluation). Round 1
 carries start-up work (partition queries, first imports) and is reported apart; the overhead is the difference
 of the medians of rounds 2..R. The bare client work of one round (``train_on_partition`` in this process, no
-Flower) is measured too. Prints a Markdown table (docs/deploy.md records the figures).
+Flower) is measured too. Prints a Markdown table (docs/benchmarks.md records the figures) and the load average.
 
     python benchmarks/deploy_overhead.py                     # generated 32x32 data, 4 clients, 6 rounds
+    python benchmarks/deploy_overhead.py --polls 0.2,0.5     # the fast mode with a 0.2 s and a 0.5 s SuperNode poll
+    python benchmarks/deploy_overhead.py --memory-state      # + the fast mode with deploy.database=false
+    python benchmarks/deploy_overhead.py --idle-cpu          # CPU burnt by an idle federation of 4 SuperNodes
+
     python benchmarks/deploy_overhead.py --data /data/cifar10-jpeg.tar.gz --local-steps 20 --rounds 6
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -31,6 +38,18 @@ def _overrides(args: argparse.Namespace, data: Path, cache: Path, run_dir: Path)
             f"client.local_steps={args.local_steps}", f"client.batch_size={args.batch_size}",
             "client.torch_threads=1", f"eval_max_examples={args.eval_max}", f"run_dir={run_dir}",
             f"hydra.run.dir={run_dir}"]
+
+
+def engines(polls: list[float], memory_state: bool) -> dict[str, tuple[str, list[str]]]:
+    """label -> (console script, extra overrides): simulation, stock deployment, fast deployment per poll (and
+    with the SuperLink's state in memory)."""
+    out = {"flower-simulation": ("flower-simulation", []),
+           "flower-deploy deploy.fast=false (stock Flower)": ("flower-deploy", ["deploy.fast=false"])}
+    for poll in polls:
+        out[f"flower-deploy deploy.poll_interval={poll} (fast)"] = ("flower-deploy", [f"deploy.poll_interval={poll}"])
+    if memory_state:
+        out["flower-deploy deploy.database=false (fast)"] = ("flower-deploy", ["deploy.database=false"])
+    return out
 
 
 def _run(engine: str, overrides: list[str], run_dir: Path) -> dict[str, float]:
@@ -67,6 +86,52 @@ def _client_work(args: argparse.Namespace, data: Path, cache: Path) -> float:
     return time.monotonic() - t0
 
 
+def _cpu_seconds(pids: set[int]) -> dict[int, float]:
+    """utime + stime of each live pid (seconds)."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _idle_cpu(fast: bool, poll: float, seconds: float = 20.0) -> tuple[float, float]:
+    """CPU seconds per second used by an idle SuperLink + 4 SuperNodes: (SuperLink side, all processes)."""
+    from server import procs
+    from server.federation import Federation, FederationOptions
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fed = Federation(Path(tmp) / "deploy", ROOT, FederationOptions(fast=fast, poll_interval=poll))
+        try:
+            fed.start_superlink()
+            fed.start_supernodes(4, 4, tmp)
+            fed.wait_nodes(4)
+            time.sleep(5)
+            table = procs.process_table()
+            members = {p.name: p.members(table) for p in fed.processes()}
+            before = {name: _cpu_seconds(pids) for name, pids in members.items()}
+            time.sleep(seconds)
+            used = {name: sum(v - before[name].get(pid, v) for pid, v in _cpu_seconds(pids).items()) / seconds
+                    for name, pids in members.items()}
+        finally:
+            fed.stop()
+    return used["superlink"] + used.get("superexec", 0.0), sum(used.values())
+
+
+def _idle_cpu_table(polls: list[float]) -> None:
+    print(f"1-min load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)\n")
+    print("| idle federation (SuperLink + 4 SuperNodes) | SuperLink CPU-s/s | all processes CPU-s/s |")
+    print("| --- | --- | --- |")
+    for label, fast, poll in [("stock Flower (3 s pulls)", False, 3.0),
+                              *[(f"fast, poll_interval={p}", True, p) for p in polls]]:
+        link, total = _idle_cpu(fast, poll)
+        print(f"| {label} | {link:.3f} | {total:.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, help="ImageFolder tree or .tar.gz (default: generated 32x32 images)")
@@ -76,8 +141,16 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--eval-max", type=int, default=200)
+    parser.add_argument("--polls", default="0.5", help="comma-separated deploy.poll_interval values (fast mode)")
+    parser.add_argument("--memory-state", action="store_true",
+                        help="also the fast deployment with deploy.database=false (SuperLink state in memory)")
+    parser.add_argument("--idle-cpu", action="store_true",
+                        help="only measure the CPU use of an idle federation (SuperLink + 4 SuperNodes, no run)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    if args.idle_cpu:
+        _idle_cpu_table([float(p) for p in args.polls.split(",")])
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         data = args.data
@@ -88,20 +161,23 @@ def main() -> None:
             data = make_image_folder(tmp_path / "data", per_class=100, test_per_class=20)
         data, cache = data.resolve(), tmp_path / "cache"
         work = _client_work(args, data, cache)
+        load_before = os.getloadavg()[0]
         results = {}
-        for engine in ("flower-simulation", "flower-deploy"):
-            run_dir = tmp_path / engine
-            results[engine] = _run(engine, _overrides(args, data, cache, run_dir), run_dir)
-    sim, dep = results["flower-simulation"], results["flower-deploy"]
+        runs = engines([float(p) for p in args.polls.split(",")], args.memory_state)
+        for i, (label, (engine, extra)) in enumerate(runs.items()):
+            run_dir = tmp_path / f"run{i}"
+            results[label] = _run(engine, [*_overrides(args, data, cache, run_dir), *extra], run_dir)
+    sim = results["flower-simulation"]
     print(f"config: {args.clients} clients, fraction {args.fraction}, {args.rounds} rounds, {args.local_steps} "
-          f"local steps x batch {args.batch_size}, server eval on {args.eval_max} test images, torch_threads=1\n")
-    print("| engine | command wall (s) | round 1 (s) | rounds 2..R median (min-max) (s) |")
-    print("| --- | --- | --- | --- |")
+          f"local steps x batch {args.batch_size}, server eval on {args.eval_max} test images, torch_threads=1; "
+          f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} CPUs)\n")
+    print("| engine | command wall (s) | round 1 (s) | rounds 2..R median (min-max) (s) | overhead vs simulation |")
+    print("| --- | --- | --- | --- | --- |")
     for name, r in results.items():
-        print(f"| {name} | {r['wall']:.1f} | {r['round1']:.1f} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) |")
+        over = f"{r['median'] - sim['median']:+.2f} s (x{r['median'] / sim['median']:.2f})"
+        print(f"| {name} | {r['wall']:.1f} | {r['round1']:.1f} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) "
+              f"| {over} |")
     print(f"\nclient work of one round in-process (no Flower): {work:.2f} s")
-    print(f"deployment overhead per round vs simulation: {dep['median'] - sim['median']:+.2f} s "
-          f"(x{dep['median'] / sim['median']:.2f})")
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from server import build, checkpoint
+from server import build, checkpoint, flwr_fast
 from server import config as config_lib
 from server.results import MetricsWriter, plot_run
+from server.round_grid import ProgressGrid
 from strategies import protocol
 
 
@@ -79,6 +80,9 @@ def run_experiment(grid: Grid, cfg: dict[str, Any], run_dir: Path | str | None =
 
 def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
+    fast = bool((cfg.get("deploy") or {}).get("fast", True))  # false: the grid's own interval (HttpGrid: 3 s)
+    grid = ProgressGrid(grid, poll_interval=0.1 if fast else float(getattr(grid, "pull_interval", 3.0)),
+                        report_every=float(cfg.get("progress_every", 10)))
     num_rounds, eval_every, ckpt_every = int(cfg["num_rounds"]), int(cfg["eval_every"]), int(cfg["checkpoint_every"])
 
     dataset = build.server_dataset(cfg)
@@ -102,6 +106,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
     for rnd in range(start + 1, num_rounds + 1):
         t0 = time.time()
+        grid.begin_round(rnd, num_rounds)
         messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
         replies = list(grid.send_and_receive(messages, timeout=float(cfg["round_timeout"]))) if messages else []
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
@@ -119,6 +124,8 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "num_skipped": int(_metric(metrics, "num-skipped") or 0),
             "update_norm": _metric(metrics, "update-norm"),
             "client_update_norm": _metric(metrics, "client-update-norm"),
+            "num_refused": int(_metric(metrics, "num-refused") or 0),
+            "num_reassigned": int(_metric(metrics, "num-reassigned") or 0),
         }
         diverged = _divergence(strategy)
         if not diverged and (rnd % eval_every == 0 or rnd == num_rounds):
@@ -180,10 +187,10 @@ def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any]) -> None:
         return "-" if value is None else format(value, spec)
 
     log(INFO, "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
-        "rejected %d failures %d skipped %d %.1fs%s", rnd, num_rounds, fmt("accuracy"), fmt("loss"),
-        fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"],
-        row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"], row["seconds"],
-        _pop_text(row))
+        "rejected %d failures %d skipped %d refused %d reassigned %d %.1fs%s", rnd, num_rounds, fmt("accuracy"),
+        fmt("loss"), fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"],
+        row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"], row["num_refused"],
+        row["num_reassigned"], row["seconds"], _pop_text(row))
 
 
 # --------------------------------------------------------------------------- deployed ServerApp
@@ -197,6 +204,8 @@ def main(grid: Grid, context: Context) -> None:
     if not encoded:
         raise config_lib.ConfigError("run config key 'config-b64' is empty: submit runs with flower-deploy")
     cfg = config_lib.decode(encoded)
+    if (cfg.get("deploy") or {}).get("fast", True):  # short retries when a reply's objects are still uploading
+        flwr_fast.patch_object_pulls(flwr_fast.SERVERAPP_GRID)
     run_experiment(grid, cfg, cfg["run_dir"])
 
 

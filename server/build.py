@@ -40,7 +40,7 @@ def build_strategy(cfg: Mapping[str, Any], num_train: int | None = None) -> Serv
     extra = {"groups": p.get("groups")} if p["mode"] == "cyclic" else {}
     manager = manager_cls(int(cfg["num_clients"]), float(p["fraction"]), int(cfg["seed"]),
                           query_timeout=float(cfg["round_timeout"]), wait_timeout=float(p.get("wait_timeout", 300)),
-                          **extra)
+                          bind_partitions=bind_partitions(cfg), **extra)
     common = dict(
         server_lr=float(s["server_lr"]),
         client_lr=float(s["client_lr"]),
@@ -79,6 +79,14 @@ def client_state_dir(cfg: Mapping[str, Any]) -> str | None:
     if state_dir:
         return str(state_dir)
     return str(Path(cfg["run_dir"]) / "client_state") if cfg.get("run_dir") else None
+
+
+def bind_partitions(cfg: Mapping[str, Any]) -> bool:
+    """Whether a partition stays with the node that claimed it first: ``deploy.bind_partitions``, where null
+    follows ``deploy.auth`` (only authenticated node ids are stable; see strategies/client_manager.py)."""
+    d = cfg.get("deploy") or {}
+    bind = d.get("bind_partitions")
+    return bool(d.get("auth")) if bind is None else bool(bind)
 
 
 def initial_model(cfg: Mapping[str, Any]) -> ArrayRecord:

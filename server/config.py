@@ -78,6 +78,9 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "eval_every")
     _positive_int(cfg, "checkpoint_every")
     _positive_int(cfg, "eval_max_examples", 0)
+    progress = cfg.get("progress_every", 10)
+    if isinstance(progress, bool) or not isinstance(progress, int | float) or progress <= 0:
+        raise ConfigError(f"'progress_every' must be a number of seconds > 0, got {progress!r}")
     _validate_eval_train(cfg)
     s = _require(cfg, "strategy")
     name = _require(cfg, "strategy.name")

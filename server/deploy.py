@@ -31,7 +31,8 @@ from server.federation import DeployError, Federation, FederationOptions, RunRes
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
 _OPTION_KEYS = ("host", "address", "fleet_port", "control_port", "superlink", "root_certificates", "tls", "auth",
-                "cert_hosts", "database", "startup_timeout", "stop_timeout")
+                "cert_hosts", "database", "startup_timeout", "stop_timeout", "fast", "poll_interval",
+                "supernode_max_wait")
 
 
 def options(deploy: dict[str, Any]) -> FederationOptions:
@@ -56,10 +57,17 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     if d.get("superlink") is not None and (d.get("tls") or d.get("auth")):
         raise config_lib.ConfigError("'deploy.tls'/'deploy.auth' configure a spawned SuperLink; for an existing "
                                      "one set 'deploy.root_certificates' and register nodes with its operator")
-    for key in ("fleet_port", "control_port", "max_restarts", "run_timeout", "startup_timeout", "stop_timeout"):
+    for key in ("fleet_port", "control_port", "max_restarts", "run_timeout", "startup_timeout", "stop_timeout",
+                "supernode_max_wait"):
         value = d.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise config_lib.ConfigError(f"'deploy.{key}' must be a number >= 0, got {value!r}")
+    poll = d.get("poll_interval", 0.5)
+    if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll <= 3:
+        raise config_lib.ConfigError(f"'deploy.poll_interval' must be in (0, 3] seconds, got {poll!r}")
+    for key in ("fast", "bind_partitions"):
+        if d.get(key) is not None and not isinstance(d[key], bool):
+            raise config_lib.ConfigError(f"'deploy.{key}' must be true or false, got {d[key]!r}")
     if d.get("root_certificates") and not Path(str(d["root_certificates"])).expanduser().is_file():
         raise config_lib.ConfigError(f"'deploy.root_certificates': no file at {d['root_certificates']}")
     return d

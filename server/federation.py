@@ -6,6 +6,12 @@ CLI connection into a private ``$FLWR_HOME/config.toml`` and submits runs with `
 With ``spawn=False`` it only writes the connection of an existing SuperLink. Every process it starts is
 stopped by PID in :meth:`Federation.stop` (see :mod:`server.procs`). Facts about the Flower processes are in
 ``/work/shared/notes/flower-1.39.md`` and docs/deploy.md.
+
+Security: the SuperLink's Control and Runtime HTTP API (one port) always binds 127.0.0.1 (Flower 1.39's Control
+API authenticates no one); only the Fleet API follows ``host``. The SuperLink runs with ``--isolation process``
+and its SuperExec (started here) signs its task requests with a per-federation SuperExec auth secret; so do the
+SuperNodes' ClientApp workers (``fast``, :mod:`server.flwr_fast`). SuperNodes give up after
+``supernode_max_wait`` seconds without a SuperLink instead of retrying forever.
 """
 
 from __future__ import annotations
@@ -24,12 +30,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from server import procs, tls
+from server import flwr_fast, procs, tls
 
 CONNECTION = "fedmomentum"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RUN_ID = re.compile(r"Successfully started run (\d+)")
+LOOPBACK = "127.0.0.1"  # the Control/Runtime APIs never leave it
 BASE_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PYTHONUNBUFFERED": "1"}
+FAST_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"}  # Flower's public knob (default 1 s)
 
 
 class DeployError(RuntimeError):
@@ -40,8 +49,8 @@ class DeployError(RuntimeError):
 class FederationOptions:
     """Where and how the federation runs (``conf/deploy/local.yaml`` documents each key)."""
 
-    host: str = "127.0.0.1"  # bind address of the spawned SuperLink
-    address: str = "127.0.0.1"  # address SuperNodes and the CLI use to reach it
+    host: str = LOOPBACK  # bind address of the spawned SuperLink's Fleet API (Control/Runtime: always loopback)
+    address: str = LOOPBACK  # address SuperNodes use to reach the Fleet API
     fleet_port: int = 0  # 0 = a free port
     control_port: int = 0
     superlink: str | None = None  # HOST:PORT of an existing SuperLink's Control API (nothing is spawned)
@@ -52,6 +61,9 @@ class FederationOptions:
     database: bool = True  # keep the SuperLink state in a file (survives a SuperLink restart)
     startup_timeout: float = 60.0
     stop_timeout: float = 15.0
+    fast: bool = True  # short polling + warm ClientApp workers (server.flwr_fast); False = stock Flower processes
+    poll_interval: float = 0.5  # seconds between a SuperNode's idle pulls with ``fast`` (Flower: 3)
+    supernode_max_wait: float = 60.0  # SuperNodes exit after this many seconds without reaching the SuperLink
 
 
 @dataclass
@@ -81,18 +93,23 @@ class Federation:
         if opts.auth and not (opts.tls or opts.root_certificates):
             raise ValueError("SuperNode authentication needs TLS (deploy.tls=true)")
         self.fleet_port = opts.fleet_port or procs.free_port(opts.host)
-        self.control_port = opts.control_port or procs.free_port(opts.host)
-        self.control_address = opts.superlink or f"{opts.address}:{self.control_port}"
+        self.control_port = opts.control_port or procs.free_port(LOOPBACK)
+        self.control_address = opts.superlink or f"{LOOPBACK}:{self.control_port}"
         self.fleet_address = f"{opts.address}:{self.fleet_port}"
         self.tls_files = tls.make_tls(self.workdir / "tls", opts.cert_hosts) if self.spawn and opts.tls else None
         self.ca_cert = str(self.tls_files.ca_cert) if self.tls_files else opts.root_certificates
         self.superlink: procs.ManagedProcess | None = None
+        self.superexec: procs.ManagedProcess | None = None  # the SuperLink's (runs the ServerApp)
         self.supernodes: dict[int, procs.ManagedProcess] = {}
         self.num_partitions, self.data_root = 0, None  # of the last started SuperNode
-        self.node_keys: dict[int, tls.NodeKey] = {}
+        self.node_keys: dict[str, tls.NodeKey] = {}
+        self.extra_node_config: dict[int, dict[str, str]] = {}
         self.cli: list[procs.ManagedProcess] = []
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # flower-superexec etc.
-        self.env = {**os.environ, **BASE_ENV, "FLWR_HOME": str(self.flwr_home), "PATH": path}
+        pythonpath = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        self.env = {**os.environ, **BASE_ENV, **(FAST_ENV if opts.fast else {}), "FLWR_HOME": str(self.flwr_home),
+                    "PATH": path, "PYTHONPATH": pythonpath}  # PYTHONPATH: `python -m server.flwr_fast` is this code
+        self.secret_file = flwr_fast.write_secret(self.workdir / "secrets" / "superexec.secret") if self.spawn else None
         self.database = self.workdir / "superlink-state.db"
         if self.spawn:  # a new federation starts from an empty state (stale nodes would look online)
             self.database.unlink(missing_ok=True)
@@ -117,25 +134,37 @@ class Federation:
         """Start (or restart) the SuperLink and wait until its HTTP API answers ``/health``."""
         if not self.spawn:
             raise RuntimeError("this federation uses an existing SuperLink")
-        cmd = [procs.executable("flower-superlink"), *self._security_flags(),
+        launcher = [sys.executable, "-m", "server.flwr_fast", "superlink"] if self.options.fast else \
+            [procs.executable("flower-superlink")]  # fast: objects in memory, state in the database file
+        cmd = [*launcher, *self._security_flags(),
                "--fleet-api-address", f"{self.options.host}:{self.fleet_port}",
-               "--host", self.options.host, "--port", str(self.control_port),
-               "--disable-runtime-dependency-installation"]
+               "--host", LOOPBACK, "--port", str(self.control_port),
+               "--disable-runtime-dependency-installation",
+               "--isolation", "process", "--superexec-auth-secret-file", str(self.secret_file)]
         if self.options.auth:
             cmd.append("--enable-supernode-auth")
         if self.options.database:
             cmd += ["--database", str(self.database)]
-        old = self.superlink
+        old, old_exec = self.superlink, self.superexec
         if old is not None:  # orphans of a crashed SuperLink (SuperExec, ServerApp) must not write on
-            old.kill()
-            procs.wait_gone([old], self.options.stop_timeout)
-        self.superlink = procs.ManagedProcess("superlink", cmd, self.log_dir / "superlink.log", self.env,
-                                              self.workdir).start()
-        if old is not None:  # keep the old tree's groups: a killed SuperLink may leave children behind
-            self.superlink.pids |= old.pids
-            self.superlink.pgids |= old.pgids
+            for proc in (old, old_exec):
+                if proc is not None:
+                    proc.kill()
+            procs.wait_gone([p for p in (old, old_exec) if p is not None], self.options.stop_timeout)
+        self.superlink = _restarted(procs.ManagedProcess("superlink", cmd, self.log_dir / "superlink.log", self.env,
+                                                         self.workdir).start(), old)
         self.wait_superlink()
+        self.superexec = _restarted(self._start_superexec(), old_exec)
         return self.superlink
+
+    def _start_superexec(self) -> procs.ManagedProcess:
+        """The SuperLink's SuperExec (``--isolation process``): launches the ServerApp, signs with the secret."""
+        assert self.superlink is not None
+        security = ["--root-certificates", self.ca_cert] if self.ca_cert else ["--insecure"]
+        cmd = [procs.executable("flower-superexec"), "--runtime-api-address", f"{LOOPBACK}:{self.control_port}",
+               *security, "--superexec-auth-secret-file", str(self.secret_file),
+               "--parent-pid", str(self.superlink.pid)]
+        return procs.ManagedProcess("superexec", cmd, self.log_dir / "superexec.log", self.env, self.workdir).start()
 
     def wait_superlink(self, timeout: float | None = None) -> None:
         """Poll ``GET /health`` of the Control API until it returns 200."""
@@ -151,7 +180,6 @@ class Federation:
                 with urllib.request.urlopen(url, timeout=2, context=context) as response:
                     if response.status == 200:
                         if self.superlink is not None:
-                            time.sleep(0.5)  # let it detach its SuperExec, then remember that tree
                             self.superlink.snapshot()
                         return
             except OSError:
@@ -160,30 +188,50 @@ class Federation:
         raise DeployError(f"SuperLink at {url} not healthy after {timeout or self.options.startup_timeout:.0f} s")
 
     # ----------------------------------------------------------------------- SuperNodes
-    def start_supernode(self, partition_id: int, num_partitions: int, data_root: str | None = None) -> None:
-        """Start the SuperNode of ``partition_id`` (restart it when it exists; same key, same node ID)."""
+    def supernode_command(self, node_config: str, security: list[str]) -> list[str]:
+        """The SuperNode command line: Flower's ``flower-supernode``, or its fast launcher (:mod:`server.flwr_fast`).
+
+        ``security`` holds the TLS/auth flags; the Runtime API stays on 127.0.0.1 on a free port.
+        """
+        common = [*security, "--superlink", self.fleet_address, "--max-wait-time", str(self.options.supernode_max_wait),
+                  "--host", LOOPBACK, "--port", str(procs.free_port()), "--node-config", node_config]
+        if not self.options.fast:
+            return [procs.executable("flower-supernode"), *common]
+        return [sys.executable, "-m", "server.flwr_fast", "supernode", "--poll-interval",
+                str(self.options.poll_interval), "--superexec-auth-secret-file", str(self.secret_file), *common]
+
+    def start_supernode(self, partition_id: int, num_partitions: int, data_root: str | None = None,
+                        extra_node_config: dict[str, str] | None = None) -> None:
+        """Start the SuperNode of ``partition_id`` (restart it when it exists; same key, same node ID).
+
+        ``extra_node_config`` adds ``key="value"`` pairs to its ``--node-config`` (kept for restarts).
+        """
         self.num_partitions, self.data_root = num_partitions, data_root
+        if extra_node_config is not None:
+            self.extra_node_config[partition_id] = dict(extra_node_config)
         node_config = f"partition-id={partition_id} num-partitions={num_partitions}"
         if data_root:
             node_config += f' data-root="{data_root}"'
+        for key, value in self.extra_node_config.get(partition_id, {}).items():
+            node_config += f' {key}="{value}"'
         security = ["--root-certificates", self.ca_cert] if self.ca_cert else ["--insecure"]
         if self.options.auth:
-            if partition_id not in self.node_keys:
-                key = tls.make_node_key(self.workdir / "keys", f"node{partition_id}")
-                self.flwr("supernode", "register", str(key.public), CONNECTION)
-                self.node_keys[partition_id] = key
-            security += ["--auth-supernode-private-key", str(self.node_keys[partition_id].private)]
-        cmd = [procs.executable("flower-supernode"), *security, "--superlink", self.fleet_address,
-               "--port", str(procs.free_port()), "--node-config", node_config]
+            security += ["--auth-supernode-private-key", str(self.node_key(f"node{partition_id}").private)]
         old = self.supernodes.get(partition_id)
         if old is not None and old.alive():
             raise RuntimeError(f"SuperNode {partition_id} is still running")
-        proc = procs.ManagedProcess(f"supernode-{partition_id}", cmd, self.log_dir / f"supernode-{partition_id}.log",
-                                    self.env, self.workdir).start()
-        if old is not None:
-            proc.pids |= old.pids
-            proc.pgids |= old.pgids
-        self.supernodes[partition_id] = proc
+        proc = procs.ManagedProcess(f"supernode-{partition_id}", self.supernode_command(node_config, security),
+                                    self.log_dir / f"supernode-{partition_id}.log", self.env, self.workdir).start()
+        self.supernodes[partition_id] = _restarted(proc, old)
+
+    def node_key(self, name: str) -> tls.NodeKey:
+        """The key pair ``keys/<name>``, made and registered with the SuperLink (``flwr supernode register``)
+        on first use."""
+        if name not in self.node_keys:
+            key = tls.make_node_key(self.workdir / "keys", name)
+            self.flwr("supernode", "register", str(key.public), CONNECTION)
+            self.node_keys[name] = key
+        return self.node_keys[name]
 
     def start_supernodes(self, count: int, num_partitions: int, data_root: str | None = None) -> None:
         """SuperNodes for partitions 0..count-1."""
@@ -281,7 +329,7 @@ class Federation:
     # ----------------------------------------------------------------------- teardown
     def processes(self) -> list[procs.ManagedProcess]:
         """Every process this federation started (including stopped ones)."""
-        started = [p for p in [*self.supernodes.values(), self.superlink, *self.cli] if p is not None]
+        started = [p for p in [*self.supernodes.values(), self.superlink, self.superexec, *self.cli] if p is not None]
         return [p for p in started if p.popen is not None]
 
     def stop(self) -> dict[int, str]:
@@ -294,8 +342,9 @@ class Federation:
         procs.wait_gone(nodes, self.options.stop_timeout)
         for proc in nodes:
             proc.stop(1.0)
-        if self.superlink is not None:
-            self.superlink.stop(self.options.stop_timeout)
+        for proc in (self.superexec, self.superlink):
+            if proc is not None:
+                proc.stop(self.options.stop_timeout)
         return procs.leftovers(self.processes())
 
     def __enter__(self) -> Federation:
@@ -303,6 +352,15 @@ class Federation:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _restarted(proc: procs.ManagedProcess, old: procs.ManagedProcess | None) -> procs.ManagedProcess:
+    """``proc`` replacing ``old``: it also owns the old tree's PIDs and groups (a killed process may leave
+    children behind, and stopping must still reach them)."""
+    if old is not None:
+        proc.pids |= old.pids
+        proc.pgids |= old.pgids
+    return proc
 
 
 def _pump(popen: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:

@@ -6,6 +6,15 @@ one QUERY message (answered by the ClientApp's ``@app.query()``), keeps the
 node -> partition map, and each round returns the nodes of the partitions that the
 schedule (:mod:`strategies.participation`) selects. Partitions without a connected
 node are skipped and logged; nodes that rejoin under a new id are queried again.
+
+A partition id is whatever a node claims (its ``--node-config``), so two nodes may claim one partition:
+
+- ``bind_partitions=True`` (SuperNode authentication on: a node id is stable per key, a restarted node keeps
+  it): the first node that claimed a partition in this run keeps it; any other claimant is **refused**,
+  logged and counted (``refused``), and not queried again while it stays connected. This stops a hijack.
+- ``bind_partitions=False`` (no authentication: a restarted node gets a new id): the newest claimant wins, and
+  every change of a partition's node is logged and counted (``reassigned``), so a hijack is at least visible.
+  The displaced node is not queried again while the partition has a connected node (no ping-pong).
 """
 
 from __future__ import annotations
@@ -36,13 +45,20 @@ class PartitionClientManager:
         query_timeout: float = 120.0,
         wait_timeout: float = 300.0,
         wait_for: int | None = None,
+        bind_partitions: bool = False,
     ) -> None:
         self.schedule = schedule
         self.query_timeout = query_timeout
         self.wait_timeout = wait_timeout
         self.wait_for = schedule.num_clients if wait_for is None else wait_for
+        self.bind_partitions = bind_partitions
         self.node_to_partition: dict[int, int] = {}
+        self.owner: dict[int, int] = {}  # partition -> node that claimed it first (bind) or last (newest wins)
+        self.idle_claims: dict[int, int] = {}  # node -> partition it claimed but does not serve (refused/displaced)
         self.skipped: dict[int, list[int]] = {}
+        self.refused: dict[int, list[int]] = {}  # round -> node ids refused in that round
+        self.reassigned: dict[int, list[int]] = {}  # round -> partitions that changed node in that round
+        self._round = 0
         self._waited = False
 
     @property
@@ -66,7 +82,10 @@ class PartitionClientManager:
         """Forget departed nodes and query new (or so far silent) ones for their partition id."""
         connected = set(grid.get_node_ids())
         self.node_to_partition = {n: p for n, p in self.node_to_partition.items() if n in connected}
-        unknown = sorted(connected - set(self.node_to_partition))
+        held = set(self.node_to_partition.values())  # a displaced node may claim again once its partition is free
+        self.idle_claims = {n: p for n, p in self.idle_claims.items()
+                            if n in connected and (self.bind_partitions or p in held)}
+        unknown = sorted(connected - set(self.node_to_partition) - set(self.idle_claims))
         if not unknown:
             return
         messages = [
@@ -85,12 +104,27 @@ class PartitionClientManager:
                     self._assign(reply.metadata.src_node_id, int(record[protocol.PARTITION_ID]))
 
     def _assign(self, node_id: int, partition_id: int) -> None:
-        """The newest node of a partition wins (a restarted node gets a new id while the old one looks online)."""
+        """Map ``node_id`` to its claimed partition, by the rule of ``bind_partitions`` (see the module doc)."""
+        previous = self.owner.get(partition_id)
+        if self.bind_partitions and previous is not None and previous != node_id:
+            self.idle_claims[node_id] = partition_id
+            self.refused.setdefault(self._round, []).append(node_id)
+            log(WARNING, "Round %d: node %s claims partition %d, which node %s holds in this run: refused",
+                self._round, node_id, partition_id, previous)
+            return
+        if previous is not None and previous != node_id:
+            self.reassigned.setdefault(self._round, []).append(partition_id)
+            if previous in self.node_to_partition:
+                self.idle_claims[previous] = partition_id
+            log(WARNING, "Round %d: partition %d reassigned from node %s to node %s (the newest claimant wins "
+                "without SuperNode authentication)", self._round, partition_id, previous, node_id)
+        self.owner[partition_id] = node_id
         self.node_to_partition = {n: p for n, p in self.node_to_partition.items() if p != partition_id}
         self.node_to_partition[node_id] = partition_id
 
     def select(self, server_round: int, grid: Grid) -> list[int]:
         """Node ids of the partitions scheduled for ``server_round`` that are connected."""
+        self._round = server_round
         if not self._waited:
             self.wait_for_nodes(grid)
             self._waited = True
@@ -115,7 +149,7 @@ class CyclicClientManager(PartitionClientManager):
         fraction: float,
         seed: int = 0,
         groups: Sequence[Sequence[int]] | None = None,
-        **kwargs: float,
+        **kwargs: float | bool,
     ) -> None:
         super().__init__(CyclicSchedule(num_clients, fraction, seed, groups), **kwargs)
 
@@ -123,5 +157,5 @@ class CyclicClientManager(PartitionClientManager):
 class UniformClientManager(PartitionClientManager):
     """C*N partitions sampled uniformly without replacement each round."""
 
-    def __init__(self, num_clients: int, fraction: float, seed: int = 0, **kwargs: float) -> None:
+    def __init__(self, num_clients: int, fraction: float, seed: int = 0, **kwargs: float | bool) -> None:
         super().__init__(UniformSchedule(num_clients, fraction, seed), **kwargs)

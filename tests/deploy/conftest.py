@@ -11,7 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datagen import make_image_folder  # noqa: E402
-from deploy_helpers import flower_processes, overrides, run_cli  # noqa: E402
+from deploy_helpers import ROOT, flower_processes, overrides, run_cli  # noqa: E402
+from misbehaving_app import make_app_dir  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +32,9 @@ def reference_deploy(deploy_data: dict[str, Path], tmp_path_factory: pytest.Temp
     assert not left, f"leftover processes: {left}"
     assert proc.returncode == 0, proc.stdout[-4000:]
     return run_dir, proc.stdout
+
+
+@pytest.fixture(scope="session")
+def misbehaving_app_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's app with tests/deploy/misbehaving_app.py as ClientApp (honest unless node_config says so)."""
+    return make_app_dir(ROOT, tmp_path_factory.mktemp("misbehaving") / "app")

@@ -19,10 +19,12 @@ ENV = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK":
 
 
 def overrides(data: dict[str, Path], run_dir: Path, *extra: str) -> list[str]:
-    """A tiny but complete experiment: 4 clients, 2 rounds, cyclic halves, CNN, 2 local steps, 1 torch thread."""
+    """A tiny but complete experiment: 4 clients, 2 rounds, cyclic halves, CNN, 2 local steps, 1 torch thread;
+    in-round progress lines every 0.2 s."""
     return [f"data.root={data['folder']}", f"data.cache_dir={data['cache']}", "num_clients=4", "num_rounds=2",
             "participation.fraction=0.5", "client.local_steps=2", "client.batch_size=16", "client.torch_threads=1",
-            "eval_max_examples=40", "round_timeout=60", f"run_dir={run_dir}", f"hydra.run.dir={run_dir}", *extra]
+            "eval_max_examples=40", "round_timeout=60", "progress_every=0.2", f"run_dir={run_dir}",
+            f"hydra.run.dir={run_dir}", *extra]
 
 
 def compose(args: list[str]) -> dict[str, Any]:

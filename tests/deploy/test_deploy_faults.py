@@ -19,19 +19,36 @@ from server.federation import Federation
 pytestmark = pytest.mark.e2e
 
 
-def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool, out: dict) -> None:
-    """Signal SuperNode ``partition``'s whole process group once round-1 training was sent, then maybe restart it.
+CLIENTAPP_MARKERS = ("flwr-clientapp", "clientapp-worker")  # stock Flower / server.flwr_fast's worker and forks
+TRAIN_DELAY = 6.0  # the victim trains this much longer (test ClientApp `train-delay`)
+MIN_AGE = 2.5  # a ClientApp process alive this long is training (partition queries end well within a second)
 
-    Waits (up to 4 s) for a ``flwr-clientapp`` process that appeared after the train messages went out, so the
-    node is killed while it trains; the message was pulled, so the node's reply can no longer arrive.
-    """
+
+def _task_processes(node: procs.ManagedProcess, table) -> set[int]:
+    """The node's ClientApp task processes: fresh ``flwr-clientapp`` ones, or forks of the warm worker."""
+    found = set()
+    for pid in node.members(table):
+        line = procs.cmdline(pid)
+        if "flwr-clientapp" in line or ("clientapp-worker" in line and "clientapp-worker" in procs.cmdline(
+                table[pid][0])):
+            found.add(pid)
+    return found
+
+
+def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool, out: dict) -> None:
+    """Thread: once SuperNode ``partition`` has had a ClientApp process alive for ``MIN_AGE`` s (its round-1
+    training, slowed down by ``_slow_node``), signal its whole process group, then maybe restart it. The message
+    was pulled, so the node's reply can no longer arrive."""
     node = fed.supernodes[partition]
-    before = set(out["clientapps"])
-    deadline = time.monotonic() + 4.0
+    first_seen: dict[int, float] = {}
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         table = procs.process_table()
         node.snapshot(table)
-        if {pid for pid in node.members(table) if "flwr-clientapp" in procs.cmdline(pid)} - before:
+        now = time.monotonic()
+        tasks = _task_processes(node, table)
+        first_seen = {pid: first_seen.get(pid, now) for pid in tasks}
+        if any(now - t >= MIN_AGE for t in first_seen.values()):
             out["mid_training"] = True
             break
         time.sleep(0.05)
@@ -42,22 +59,37 @@ def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool
         fed.start_supernode(partition, fed.num_partitions)  # rejoin: the same command (and key) again
 
 
-def _watch(fed: Federation, out: dict, partition: int, sig: int, restart: bool) -> Callable[[str], None]:
-    """on_line hook: kill SuperNode ``partition`` when round-1 training starts; record node IDs after round 1."""
+def _slow_victim(fed: Federation, out: dict, partition: int, sig: int, restart: bool,
+                 others_delay: float | None = None) -> None:
+    """on_start part: make ``partition``'s node slow (and the others ``others_delay`` s slow, when given, so that
+    the round outlasts the victim's restart), wait for the 4 nodes, start the killer thread."""
+    delays = {p: others_delay for p in fed.supernodes if others_delay is not None}
+    _slow_nodes(fed, {**delays, partition: TRAIN_DELAY})
+    out["ids_before"] = sorted(fed.wait_nodes(4))
+    threading.Thread(target=_kill_when_training, args=(fed, partition, sig, restart, out), daemon=True).start()
+
+
+def _watch(fed: Federation, out: dict) -> Callable[[str], None]:
+    """on_line hook: record the lines, and the online node IDs after round 1."""
     lines: list[str] = out.setdefault("lines", [])
 
     def on_line(line: str) -> None:
         lines.append(line)
-        if "Round 1: partitions" in line:  # the partition queries are answered; their processes may linger
-            table = procs.process_table()
-            out["clientapps"] = {pid for pid in table if "flwr-clientapp" in procs.cmdline(pid)}
-        if "configure_train: round 1" in line:
-            _kill_when_training(fed, partition, sig, restart, out)
-        if "[round 1/2]" in line:
+        if "[round 1/2]" in line and "accuracy" in line:
             out["ids_after"] = sorted(fed.node_ids())
 
     return on_line
 
+
+def _slow_nodes(fed: Federation, delays: dict[int, float]) -> None:
+    """Restart SuperNodes so that partition p trains ``delays[p]`` s longer (test ClientApp ``train-delay``): a
+    warm-worker ClientApp trains this tiny model in a fraction of a second, too fast to be killed mid-round."""
+    nodes = [fed.supernodes[p] for p in delays]
+    for node in nodes:
+        node.signal(signal.SIGTERM)
+    procs.wait_gone(nodes, fed.options.stop_timeout)
+    for p, seconds in delays.items():
+        fed.start_supernode(p, fed.num_partitions, fed.data_root, extra_node_config={"train-delay": str(seconds)})
 
 
 def deploy_and_check_cleanup(cfg, run_dir, on_line, on_start):
@@ -68,25 +100,27 @@ def deploy_and_check_cleanup(cfg, run_dir, on_line, on_start):
         left = flower_processes(run_dir / "deploy" / "flwr_home")
         assert not left, left
 
-def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, tmp_path):
+def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, misbehaving_app_dir, tmp_path):
     """TLS + SuperNode auth; SIGTERM one SuperNode's process group while it trains: the round completes with the
     other 3 and counts 1 failure, the restarted node rejoins under the same node ID and trains in round 2."""
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, "participation.fraction=1.0", "deploy.tls=true", "deploy.auth=true"))
+    cfg = compose(overrides(deploy_data, run_dir, "participation.fraction=1.0", "deploy.tls=true", "deploy.auth=true",
+                            f"deploy.app_dir={misbehaving_app_dir}"))
     out: dict = {}
 
-    def on_start(fed: Federation) -> None:
-        out["ids_before"] = sorted(fed.wait_nodes(4))
-        out["on_line"] = _watch(fed, out, 1, signal.SIGTERM, True)
+    def on_start(fed: Federation) -> None:  # the others train 12 s: round 2 starts after the restarted node is back
+        _slow_victim(fed, out, 1, signal.SIGTERM, True, others_delay=12.0)
+        out["on_line"] = _watch(fed, out)
 
     result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start)
     assert result.ok, "\n".join(out["lines"][-60:])
-    assert out.get("killed")
+    assert out.get("killed") and out.get("mid_training")
     metrics = rows(run_dir)
     assert [r["round"] for r in metrics] == [0, 1, 2]
     assert (metrics[1]["num_selected"], metrics[1]["num_replies"], metrics[1]["num_failures"]) == (4, 3, 1)
     assert (metrics[2]["num_selected"], metrics[2]["num_replies"], metrics[2]["num_failures"]) == (4, 4, 0)
     assert out["ids_after"] == out["ids_before"]  # authenticated node: same ID after the restart
+    assert all(r["num_refused"] == 0 and r["num_reassigned"] == 0 for r in metrics[1:])  # it kept its partition
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
     connection = (run_dir / "deploy" / "flwr_home" / "config.toml").read_text()
     assert "root-certificates" in connection and "insecure" not in connection
@@ -95,26 +129,27 @@ def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, tmp_path):
     assert "--insecure" not in (run_dir / "deploy" / "logs" / "supernode-0.log").read_text()
 
 
-def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, tmp_path):
+def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, misbehaving_app_dir, tmp_path):
     """SIGKILL one SuperNode's process group while it trains (no goodbye): the round ends at round_timeout with
     the other client and 1 failure, the restarted node registers again, and the run finishes."""
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, "round_timeout=25"))
+    cfg = compose(overrides(deploy_data, run_dir, "round_timeout=25", f"deploy.app_dir={misbehaving_app_dir}"))
     out: dict = {}
 
     def on_start(fed: Federation) -> None:
-        out["fed"] = fed
-        out["ids_before"] = sorted(fed.wait_nodes(4))
-        out["on_line"] = _watch(fed, out, _first_group(cfg)[0], signal.SIGKILL, True)
+        _slow_victim(fed, out, _first_group(cfg)[0], signal.SIGKILL, True)
+        out["on_line"] = _watch(fed, out)
 
     result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start)
     assert result.ok, "\n".join(out["lines"][-60:])
+    assert out.get("killed") and out.get("mid_training")
     metrics = rows(run_dir)
     assert [r["round"] for r in metrics] == [0, 1, 2]
     assert (metrics[1]["num_selected"], metrics[1]["num_replies"], metrics[1]["num_failures"]) == (2, 1, 1)
     assert (metrics[2]["num_selected"], metrics[2]["num_replies"], metrics[2]["num_failures"]) == (2, 2, 0)
     assert metrics[1]["seconds"] >= 25  # the dead node is only noticed by the round timeout (heartbeats: ~45 s)
     assert len(set(out["ids_after"]) - set(out["ids_before"])) == 1  # the restarted node is online (new ID)
+    assert [r.get("num_reassigned") for r in metrics[1:]] == [0, 1]  # its partition moved to the new ID: visible
 
 
 def _first_group(cfg: dict) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -17,6 +18,7 @@ def test_four_supernodes_two_rounds(reference_deploy):
     """A full run through SuperLink + 4 SuperNode processes writes the same run dir as a simulation."""
     run_dir, output = reference_deploy
     assert "[round 1/2]" in output and "[round 2/2]" in output and "flower-deploy: finished run" in output
+    assert re.search(r"\[round [12]/2\] [0-2]/2 clients done, [0-9.]+ s elapsed, run ETA", output), output[-3000:]
     metrics = rows(run_dir)
     assert [r["round"] for r in metrics] == [0, 1, 2]
     for r in metrics[1:]:
@@ -37,8 +39,9 @@ def test_same_global_model_as_simulation(reference_deploy, deploy_data, tmp_path
     """Same config and seed: bitwise-identical final model, groups and server-side metrics in both engines."""
     run_dir, _ = reference_deploy
     sim_dir = tmp_path / "sim"
-    proc = run_cli("flower-simulation", overrides(deploy_data, sim_dir), timeout=240)
+    proc = run_cli("flower-simulation", overrides(deploy_data, sim_dir, "progress_every=0.05"), timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "clients done" in (sim_dir / "run.log").read_text()  # in-round progress in simulation too
     assert_same_model(run_dir, sim_dir)
     keys = ("round", "accuracy", "loss", "train_loss", "loss_before", "num_replies", "num_failures")
     assert [{k: r.get(k) for k in keys} for r in rows(run_dir)] == [{k: r.get(k) for k in keys} for r in rows(sim_dir)]

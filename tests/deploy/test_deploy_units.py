@@ -62,3 +62,21 @@ def test_deploy_config_is_validated(tmp_path, extra, message):
     cfg = config_lib.validate(compose(overrides(data, tmp_path / "run", *extra)))
     with pytest.raises(config_lib.ConfigError, match=message):
         validate_deploy(cfg)
+
+
+@pytest.mark.parametrize("bind", [True, False])
+def test_partition_claims(bind):
+    """bind (auth): the first claimant keeps a partition, others are refused; newest wins otherwise, counted."""
+    from strategies.client_manager import CyclicClientManager
+
+    manager = CyclicClientManager(4, 0.5, bind_partitions=bind)
+    manager._round = 1
+    manager._assign(11, 0)
+    manager._assign(11, 0)  # the same node again (an authenticated restart keeps its id): nothing to count
+    manager._assign(99, 0)  # an intruder claims the taken partition
+    if bind:
+        assert manager.node_to_partition == {11: 0} and manager.refused == {1: [99]} and not manager.reassigned
+        assert manager.idle_claims == {99: 0}
+    else:
+        assert manager.node_to_partition == {99: 0} and manager.reassigned == {1: [0]} and not manager.refused
+        assert manager.idle_claims == {11: 0}  # the displaced node is not queried again while 99 holds 0

@@ -1,0 +1,80 @@
+"""Test-only ClientApp: the product's ClientApp (``client.app``), whose train replies a node may break on purpose.
+
+A SuperNode started with ``--node-config "... misbehave=<kinds>"`` runs the real training of its partition,
+then corrupts the reply; ``<kinds>`` is a comma-separated list used cyclically by server round (round 1 takes
+the first kind). Nodes without the key reply exactly like the product ClientApp. The deployment tests run it as
+the app's ClientApp through :func:`make_app_dir` (a copy of the project's FAB files whose pyproject names this
+module), so the product's ClientApp holds no test switch.
+
+Kinds: those of ``tests/broken_app.py`` (``wrong-shape``, ``nan``, ``zero-num-examples``, ... : its
+``corrupt`` is reused) plus ``scale`` (weights x 1.1: finite, right shape, a plausible-looking poisoned update).
+``query-delay=<s>`` makes the node answer the partition query ``s`` seconds late (so another node claims the
+partition first); ``train-delay=<s>`` makes it train ``s`` seconds longer (so a test can kill it mid-round).
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+from broken_app import corrupt
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from client import app as product
+from strategies import protocol as P
+
+MODULE = "misbehaving_app"
+app = ClientApp()
+
+
+def scaled(reply: Message, factor: float = 1.1) -> RecordDict:
+    """The reply with every floating array multiplied by ``factor``."""
+    arrays = {k: v.numpy() for k, v in reply.content[P.ARRAYS].items()}
+    arrays = {k: v * factor if np.issubdtype(v.dtype, np.floating) else v for k, v in arrays.items()}
+    return RecordDict({P.ARRAYS: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
+                       P.METRICS: MetricRecord(dict(reply.content[P.METRICS]))})
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    time.sleep(float(context.node_config.get("train-delay", 0)))  # a slow client (fault tests kill it meanwhile)
+    reply = product.train(msg, context)
+    kinds = str(context.node_config.get("misbehave", "")).split(",")
+    if not kinds[0]:
+        return reply
+    kind = kinds[(int(msg.content[P.CONFIG][P.SERVER_ROUND]) - 1) % len(kinds)]
+    return Message(scaled(reply) if kind == "scale" else corrupt(reply, kind), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return product.evaluate_handler(msg, context)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    time.sleep(float(context.node_config.get("query-delay", 0)))  # answer the partition query late
+    return product.query(msg, context)
+
+
+def make_app_dir(root: Path, out: Path) -> Path:
+    """A Flower app dir = the project's FAB files + this module, with this module as the ClientApp."""
+    from flwr.cli.build import build_fab_from_disk
+
+    if out.exists():
+        shutil.rmtree(out)
+    zipfile.ZipFile(io.BytesIO(build_fab_from_disk(root))).extractall(out)
+    shutil.rmtree(out / ".info", ignore_errors=True)
+    shutil.copy(Path(__file__), out / f"{MODULE}.py")
+    for helper in ("broken_app.py", "toy_app.py"):  # imported from the app's top level, like this module
+        shutil.copy(root / "tests" / helper, out / helper)
+    pyproject = out / "pyproject.toml"
+    text = pyproject.read_text()
+    assert 'clientapp = "client.app:app"' in text
+    pyproject.write_text(text.replace('clientapp = "client.app:app"', f'clientapp = "{MODULE}:app"'))
+    return out

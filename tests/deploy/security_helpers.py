@@ -1,0 +1,88 @@
+"""Helpers of the deployment security tests: listening sockets of processes, Runtime API probes, intruders."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from server import procs
+from server.federation import Federation
+
+
+def _ip(hex_addr: str) -> str:
+    """An address of /proc/net/tcp{,6} (little-endian 32-bit words) as text; v4-mapped v6 as plain v4."""
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return str(ipaddress.IPv4Address(raw[::-1]))
+    addr = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    return str(addr.ipv4_mapped or addr)
+
+
+def listening_sockets(pids: set[int]) -> set[tuple[str, int]]:
+    """(ip, port) of every TCP socket in LISTEN state held by one of ``pids``."""
+    by_inode: dict[str, tuple[str, int]] = {}
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                addr, port = fields[1].split(":")
+                by_inode[fields[9]] = (_ip(addr), int(port, 16))
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in by_inode:
+                found.add(by_inode[target[8:-1]])
+    return found
+
+
+def federation_sockets(fed: Federation) -> dict[str, set[tuple[str, int]]]:
+    """Listening sockets per started process (name -> {(ip, port)}), children included."""
+    table = procs.process_table()
+    out = {}
+    for proc in fed.processes():
+        proc.snapshot(table)
+        out[proc.name] = listening_sockets(proc.members(table))
+    return out
+
+
+def acquire_task(address: str, secret: bytes | None, root_certificates: str | None = None):
+    """Call ``AcquireTask`` on a Runtime API, signed with ``secret`` (or not): what a local attacker would try."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
+    from flwr.supercore.runtime import RuntimeHttpClient
+    from flwr.supercore.superexec.run_superexec import _SUPEREXEC_AUTH_METHODS
+
+    interceptors = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    if secret is not None:
+        interceptors.append(SuperExecAuthHttpInterceptor(master_secret=secret,
+                                                         protected_methods=_SUPEREXEC_AUTH_METHODS))
+    client = RuntimeHttpClient.from_server_address(server_address=address, insecure=root_certificates is None,
+                                                   root_certificates=root_certificates, interceptors=interceptors)
+    try:
+        return client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP,
+                                                                           TaskType.SERVER_APP]))
+    finally:
+        client.close()
+
+
+def runtime_port(proc: procs.ManagedProcess) -> int:
+    """The ``--port`` (Runtime API) of a SuperNode command."""
+    return int(proc.cmd[proc.cmd.index("--port") + 1])
+
+
+def start_intruder(fed: Federation, name: str, security: list[str], node_config: str, home: Path,
+                   max_wait: float = 8.0) -> procs.ManagedProcess:
+    """A SuperNode that is no member of ``fed`` (own log, own FLWR_HOME, short connection budget)."""
+    cmd = [*fed.supernode_command(node_config, security), "--max-wait-time", str(max_wait)]
+    env = {**fed.env, "FLWR_HOME": str(home)}
+    return procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir).start()

@@ -1,0 +1,128 @@
+"""Pins of the Flower 1.39 internals that server/flwr_fast.py relies on: each test fails loudly (naming the
+internal) when another flwr version changes one of them. Fast: no federation is started."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import time
+
+import flwr
+import pytest
+
+from server import flwr_fast
+from server.round_grid import format_duration
+
+
+def _params(fn) -> set[str]:
+    return set(inspect.signature(fn).parameters)
+
+
+def test_flwr_version_is_the_one_read():
+    assert flwr.__version__ == flwr_fast.FLWR_VERSION, (
+        f"server/flwr_fast.py was written against flwr {flwr_fast.FLWR_VERSION}; re-read the internals it lists "
+        "in INTERNALS before using another version")
+
+
+@pytest.mark.parametrize("module, attr", flwr_fast.INTERNALS)
+def test_internal_exists(module, attr):
+    assert hasattr(importlib.import_module(module), attr), f"{module}.{attr} is gone"
+
+
+def test_supernode_loop_sleeps_and_hooks():
+    """The pull loop sleeps through the module's `time` and calls `_pull_and_store_message` by global name."""
+    module = importlib.import_module(flwr_fast.SUPERNODE_LOOP)
+    source = inspect.getsource(module)
+    assert "import time\n" in source and "time.sleep(3)" in source and "time.sleep(0.5)" in source
+    loop = inspect.getsource(module.start_client_internal)
+    assert "run_id = _pull_and_store_message(" in loop and "if run_id is None:" in loop
+    assert "Return None if no message is received" in inspect.getdoc(module._pull_and_store_message)
+    assert "pull_objects(" in inspect.getsource(module._pull_and_store_message)
+
+
+def test_object_pull_backoff_parameters():
+    for module, attr in flwr_fast.OBJECT_PULLS:
+        fn = getattr(importlib.import_module(module), attr)
+        fn = fn.func if isinstance(fn, functools.partial) else fn
+        assert set(flwr_fast.PULL_BACKOFF) <= _params(fn), f"{module}.{attr}"
+    run_clientapp = importlib.import_module(flwr_fast.CLIENTAPP_RUNTIME)
+    assert "pull_and_inflate_object_from_tree(" in inspect.getsource(run_clientapp.pull_task_input)
+    grid = importlib.import_module(flwr_fast.SERVERAPP_GRID)
+    assert "pull_objects(" in inspect.getsource(grid.HttpGrid.pull_messages)
+
+
+def test_superlink_object_store_construction(monkeypatch):
+    """The SuperLink builds its object store as ObjectStoreFactory(database) (module global of config_loader)."""
+    module = importlib.import_module(flwr_fast.SUPERLINK_CONFIG)
+    assert "objectstore_factory = ObjectStoreFactory(database)" in inspect.getsource(
+        module.get_objectstore_linkstate_factories)
+    monkeypatch.setattr(module, "ObjectStoreFactory", module.ObjectStoreFactory)
+    flwr_fast.patch_object_store_in_memory()
+    flwr_fast.patch_object_store_in_memory()
+    from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
+
+    assert isinstance(module.ObjectStoreFactory("/tmp/unused-state.db").store(), InMemoryObjectStore)
+
+
+def test_worker_calls():
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import SuperExecAuthHttpInterceptor
+    from flwr.supercore.runtime import RuntimeHttpClient
+    from flwr.supercore.superexec.run_superexec import _SUPEREXEC_AUTH_METHODS
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    assert {"runtime_api_address", "token", "insecure", "certificates", "parent_pid",
+            "runtime_dependency_install"} <= _params(run_clientapp)
+    assert {"server_address", "insecure", "root_certificates", "interceptors", "retry_invoker"} <= _params(
+        RuntimeHttpClient.from_server_address)
+    assert {"master_secret", "protected_methods"} <= _params(SuperExecAuthHttpInterceptor)
+    assert "/flwr.proto.Runtime/AcquireTask" in _SUPEREXEC_AUTH_METHODS
+    assert TaskType.CLIENT_APP == "flwr-clientapp"
+    assert "supported_task_types" in AcquireTaskRequest.DESCRIPTOR.fields_by_name
+    assert "flwr_exit(" in inspect.getsource(run_clientapp)  # ends with sys.exit: the fork turns it into _exit
+
+
+def test_supernode_cli_flags():
+    """The flags the launcher and flower-deploy pass to flower-supernode still exist."""
+    from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
+
+    args = _parse_args_run_supernode().parse_args(
+        ["--insecure", "--superlink", "127.0.0.1:1", "--isolation", "process", "--superexec-auth-secret-file", "s",
+         "--max-wait-time", "5", "--host", "127.0.0.1", "--port", "9999", "--node-config", "partition-id=0"])
+    assert (args.isolation, args.max_wait_time, args.superexec_auth_secret_file) == ("process", 5.0, "s")
+
+
+def test_patches_apply_and_are_idempotent(monkeypatch):
+    module = importlib.import_module(flwr_fast.SUPERNODE_LOOP)
+    for mod_name, attr in [(flwr_fast.SUPERNODE_LOOP, "time"), (flwr_fast.SUPERNODE_LOOP, "_pull_and_store_message"),
+                           *flwr_fast.OBJECT_PULLS]:
+        mod = importlib.import_module(mod_name)
+        monkeypatch.setattr(mod, attr, getattr(mod, attr))  # restored after the test
+    flwr_fast.patch_supernode_loop(0.01)
+    flwr_fast.patch_supernode_loop(0.01)
+    t0 = time.monotonic()
+    module.time.sleep(3)  # the idle wait: capped at the poll interval
+    module.time.sleep(0.5)  # a wait on local state: capped at LOCAL_WAIT
+    assert time.monotonic() - t0 < 1.0 and module.time.monotonic() > 0
+    flwr_fast.patch_object_pulls()
+    flwr_fast.patch_object_pulls()
+    for mod_name, attr in flwr_fast.OBJECT_PULLS:
+        fn = getattr(importlib.import_module(mod_name), attr)
+        assert isinstance(fn, functools.partial) and not isinstance(fn.func, functools.partial)
+        assert fn.keywords == flwr_fast.PULL_BACKOFF
+    watch = flwr_fast.LoopWatch(None)
+    assert module._pull_and_store_message == watch.pull and not watch.joined
+
+
+def test_join_failure_hint_names_the_likely_cause():
+    hint = flwr_fast.join_failure_hint(["--insecure", "--superlink", "h:1"])
+    assert "h:1" in hint and "--root-certificates" in hint
+    hint = flwr_fast.join_failure_hint(["--root-certificates", "ca.crt", "--auth-supernode-private-key", "k",
+                                        "--superlink", "h:1"])
+    assert "ca.crt" in hint and "flwr supernode register" in hint
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (12.4, 2460, 8280)] == ["12 s", "41 min", "2.3 h"]
