@@ -187,8 +187,9 @@ def _torchvision_source(root: Path, download: bool) -> Path:
 
 @contextlib.contextmanager
 def quiet_torchvision() -> Iterator[None]:
-    """Import torchvision without its warning that ``torchvision.io`` decoding is deprecated in favour of
-    TorchCodec (0.29+): we decode JPEGs with it once per machine and pin the version; users need not see it."""
+    """Use torchvision without its warning (at import and on every ``decode_jpeg``) that ``torchvision.io``
+    decoding is deprecated in favour of TorchCodec (0.29+): we decode JPEGs once per machine with the pinned
+    version, and users need not see it."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
                                 category=DeprecationWarning)
@@ -272,7 +273,9 @@ def decode_images(blobs: list[bytes], size: int = 32) -> np.ndarray:
     for start in range(0, len(jpeg), 4096):
         chunk = jpeg[start : start + 4096]
         tensors = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in chunk]
-        for i, img in zip(chunk, decode_jpeg(tensors, mode=ImageReadMode.RGB)):
+        with quiet_torchvision():  # it warns on every call
+            images = decode_jpeg(tensors, mode=ImageReadMode.RGB)
+        for i, img in zip(chunk, images):
             out[i] = _check_size(img.permute(1, 2, 0).numpy(), size, i)
     other = sorted(set(range(len(blobs))) - set(jpeg))
     if other:

@@ -8,8 +8,8 @@ instead of as a traceback inside Ray:
   so every look after the first is free;
 - a folder is walked (names only) with the decoder's own layout rule, :func:`client.data.split_and_class`;
 - an archive (``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``, ``.tar.xz``) is streamed once through its tar
-  headers (about a second for the 60,000 JPEGs of CIFAR-10; Python's ``tarfile`` takes ~10x longer), so a
-  file that is not a tar archive, or one that is truncated or corrupt, is caught here;
+  headers (1-3 s for the 60,000 JPEGs of CIFAR-10 on a 2-core machine; Python's ``tarfile`` took 4-10x
+  longer), so a file that is not a tar archive, or one that is truncated or corrupt, is caught here;
 - torchvision's CIFAR-10 folder must hold its batch files (10,000 images each).
 
 Every failure is a :class:`DataSourceError` (a ``ValueError``) whose message names the path.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from client.data import DATASETS, cache_entry, quiet_torchvision, split_and_class
+from client.data import DATASETS, cache_entry, default_cache_dir, quiet_torchvision, split_and_class
 
 BLOCK = 512  # tar header and data block size
 CIFAR10_BATCHES = "cifar-10-batches-py"
@@ -92,8 +92,6 @@ def download_cifar10(root: str | os.PathLike, timeout: float = DOWNLOAD_TIMEOUT)
 
 def check_cache_dir(cache_dir: str | os.PathLike | None) -> None:
     """The decode cache must be creatable: its nearest existing folder must be a writable folder."""
-    from client.data import default_cache_dir
-
     path = Path(cache_dir or default_cache_dir()).expanduser().absolute()
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):

@@ -28,7 +28,9 @@ Conventions (documented once here):
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -92,6 +94,14 @@ class TrainResult:
 def get_device() -> torch.device:
     """CUDA when available, else CPU; decided once per process."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@lru_cache(maxsize=8)
+def _announce_accelerator(device: torch.device) -> None:
+    """Once per process and device, say that training runs on a GPU (benchmarks/gpu_check.py counts these)."""
+    if device.type == "cuda":
+        logging.getLogger("flwr").info("pid %d trains on %s (%s)", os.getpid(), device,
+                                       torch.cuda.get_device_name(device))
 
 
 def round_generator(seed: int, server_round: int, partition_id: int) -> torch.Generator:
@@ -218,6 +228,7 @@ def local_train(
     start_time = time.perf_counter()
     device = device or get_device()
     model.to(device)
+    _announce_accelerator(next(model.parameters()).device)
     x = np.ascontiguousarray(x)
     y_all = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
     n = len(y_all)

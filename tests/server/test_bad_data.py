@@ -79,6 +79,14 @@ def test_more_clients_than_examples_exits_2_before_ray(tiny_data, tmp_path):
     _assert_one_line_exit_2(proc, "'num_clients'", "more than the 120 training examples", ray_tmp)
 
 
+def test_a_client_larger_than_the_machine_exits_2_before_ray(tiny_data, tmp_path):
+    """Flower would build an empty actor pool and wait out every round's timeout."""
+    ray_tmp = tmp_path / "ray-tmp"
+    ray_tmp.mkdir()
+    proc = run_sim(sim_args(tiny_data, tmp_path / "run", "backend.num_cpus=4096"), ray_tmp)
+    _assert_one_line_exit_2(proc, "'backend.num_cpus'", "CPUs Ray gets here", ray_tmp)
+
+
 def test_failed_download_is_one_line_before_ray(tiny_data, tmp_path):
     """torchvision's real download code, pointed at a proxy port where nothing listens (no network needed)."""
     ray_tmp = tmp_path / "ray-tmp"
