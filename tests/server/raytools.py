@@ -107,7 +107,7 @@ class RayNodes:
                     os.killpg(group, sig)
                 except OSError:
                     pass
-            if not wait_gone(str(self.ray_tmp), timeout=10):
+            if not wait_gone(str(self.ray_tmp), timeout=3 if sig == signal.SIGTERM else 10):
                 break
         kill_all_with(str(self.ray_tmp))
         left = wait_gone(str(self.ray_tmp), timeout=10)
