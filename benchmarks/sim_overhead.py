@@ -43,7 +43,7 @@ class PlainRun:
 
 
 def plain_loop(data: Path, cache: Path, rounds: int, model: str = "cnn", server_lr: float = 1.5,
-               client_lr: float = 0.01, threads: int | None = None) -> PlainRun:
+               client_lr: float = 0.01, threads: int | None = None, alpha: float = 0.0) -> PlainRun:
     """The same rounds without Flower: clients one after another in this process, FedAvg on the server."""
     torch.set_num_threads(threads or os.cpu_count() or 1)
     torch.manual_seed(SEED)  # theta^0 exactly as server.build.initial_model makes it
@@ -55,7 +55,7 @@ def plain_loop(data: Path, cache: Path, rounds: int, model: str = "cnn", server_
     schedule = CyclicSchedule(NUM_CLIENTS, FRACTION, SEED)
     cfg = {
         "model": model, "dataset": "cifar10_folder", "data-root": str(data), "cache-dir": str(cache),
-        "num-partitions": NUM_CLIENTS, "alpha": 0.0, "partition-seed": SEED, "seed": SEED, "batch-size": BATCH,
+        "num-partitions": NUM_CLIENTS, "alpha": alpha, "partition-seed": SEED, "seed": SEED, "batch-size": BATCH,
         "local-epochs": 1, "local-steps": 0, "algorithm": "fedavgm", "client-lr": client_lr, "momentum": 0.0,
     }
     run = PlainRun([], weights)

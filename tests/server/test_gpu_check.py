@@ -29,8 +29,8 @@ def test_without_cuda_it_says_it_skipped_and_exits_0(tmp_path):
 
 @pytest.mark.e2e
 def test_cpu_smoke_runs_the_whole_pipeline(tmp_path):
-    """Generated data, ResNet-20 preset, the plain loop and one flower-simulation with num_gpus=0."""
-    proc = _run("--cpu-smoke", "--presets", "fedavg_resnet20", "--rounds", "3", "--generated-per-class", "30",
+    """Generated data, the CNN preset, the plain loop and one flower-simulation with num_gpus=0."""
+    proc = _run("--cpu-smoke", "--presets", "fedavg_cnn", "--rounds", "3", "--generated-per-class", "30",
                 "--data", tmp_path / "none", "--out", tmp_path / "out", "--budget", "400", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
@@ -41,4 +41,4 @@ def test_cpu_smoke_runs_the_whole_pipeline(tmp_path):
     assert plain["images_per_s_per_client"] > 0 and sim["images_per_s"] > 0
     assert all(c["ok"] for c in report["checks"]) and len(report["checks"]) == 4
     markdown = (tmp_path / "out" / "gpu_check.md").read_text()
-    assert "| fedavg_resnet20 | flower-simulation | 0.0 |" in markdown and markdown in proc.stdout
+    assert "| fedavg_cnn | flower-simulation | 0.0 |" in markdown and markdown in proc.stdout
