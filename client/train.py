@@ -46,7 +46,7 @@ from client.augment import prepare_batch
 from strategies import protocol as P
 from strategies.math import fedcm_local_step, localupdate_accumulate, sgd_step, theta_weights
 
-NONFINITE = "nonfinite"  # int metric: 1 when a loss or a returned array was NaN/inf
+NONFINITE = P.NONFINITE  # int metric: 1 when a loss or a returned array was NaN/inf
 TRAIN_TIME = "train-time"  # float metric: seconds spent in local_train (data prep + steps)
 EVAL_BATCH = 1000
 LOSS_BEFORE_ALL = -1  # loss_before_batches value: "loss-before" over every example of the client

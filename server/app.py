@@ -30,7 +30,7 @@ from strategies import protocol
 
 
 class DivergenceError(RuntimeError):
-    """Training produced NaN/inf; everything written so far is kept."""
+    """The global model or its evaluation became NaN/inf; everything written so far is kept."""
 
 
 def _train_config(cfg: dict[str, Any]) -> ConfigRecord:
@@ -81,10 +81,10 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
     num_rounds, eval_every, ckpt_every = int(cfg["num_rounds"]), int(cfg["eval_every"]), int(cfg["checkpoint_every"])
 
-    strategy = build.build_strategy(cfg)
+    dataset = build.server_dataset(cfg)
+    strategy = build.build_strategy(cfg, num_train=len(dataset.y_train))
     start = _resume(cfg, run_dir, strategy)
     arrays = strategy.model_record() if start else build.initial_model(cfg)
-    dataset = build.server_dataset(cfg)
     if not start:
         build.save_partition_summary(cfg, dataset, run_dir)
     evaluator = build.Evaluator(cfg, dataset)
@@ -93,10 +93,12 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     t_run = time.time()
     log(INFO, "Run dir %s: %s, %s, %d clients, rounds %d..%d", run_dir, cfg["strategy"]["name"],
         cfg["model"]["name"], cfg["num_clients"], start + 1, num_rounds)
+    write_status(run_dir, "running", start)
     if start == 0:
-        loss0, acc0 = evaluator(arrays)
-        writer.append({"round": 0, "accuracy": acc0, "loss": loss0, "seconds": 0.0, "elapsed": 0.0})
-        log(INFO, "[round 0/%d] accuracy %.4f loss %.4f", num_rounds, acc0, loss0)
+        row0 = {"round": 0, **evaluator.metrics(arrays), "seconds": 0.0, "elapsed": 0.0}
+        writer.append(row0)
+        log(INFO, "[round 0/%d] accuracy %.4f loss %.4f%s", num_rounds, row0["accuracy"], row0["loss"],
+            _pop_text(row0))
 
     for rnd in range(start + 1, num_rounds + 1):
         t0 = time.time()
@@ -112,17 +114,23 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "loss_before": _metric(metrics, protocol.LOSS_BEFORE),
             "num_selected": len(messages),
             "num_replies": int(_metric(metrics, "num-replies") or 0),
+            "num_rejected": int(_metric(metrics, "num-rejected") or 0),
             "num_failures": int(_metric(metrics, "num-failures") or 0),
             "num_skipped": int(_metric(metrics, "num-skipped") or 0),
+            "update_norm": _metric(metrics, "update-norm"),
+            "client_update_norm": _metric(metrics, "client-update-norm"),
         }
-        diverged = _divergence(row, metrics, strategy)
+        diverged = _divergence(strategy)
         if not diverged and (rnd % eval_every == 0 or rnd == num_rounds):
-            row["loss"], row["accuracy"] = evaluator(arrays)
+            row.update(evaluator.metrics(arrays))
+            if not math.isfinite(row["loss"]):
+                diverged = f"the test loss of the global model is {row['loss']}"
         row["seconds"] = time.time() - t0
         row["elapsed"] = time.time() - t_run
         writer.append(row)
         _log_progress(rnd, num_rounds, row)
         if diverged:
+            write_status(run_dir, "diverged", rnd, diverged)
             plot_run(run_dir)
             raise DivergenceError(f"training diverged at round {rnd} ({diverged}); metrics up to this round and "
                                   f"the last checkpoint are in {run_dir}")
@@ -136,16 +144,30 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     summary = {"run_dir": str(run_dir), "rounds": num_rounds, "accuracy": last.get("accuracy"),
                "loss": last.get("loss"), "seconds": time.time() - t_run}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_status(run_dir, "finished", num_rounds)
     return summary
 
 
-def _divergence(row: dict[str, Any], metrics: Any, strategy: Any) -> str:
-    """Why this round counts as diverged ('' when it does not)."""
-    if metrics is not None and float(metrics.get("nonfinite", 0.0)) > 0:
-        return "a client reported a non-finite loss"
-    for key in ("train_loss", "loss_before"):
-        if row[key] is not None and not math.isfinite(row[key]):
-            return f"{key} = {row[key]}"
+def write_status(run_dir: Path, status: str, last_round: int, reason: str = "") -> None:
+    """status.json: "running" (also what a killed run leaves), "diverged" (exit 3, with the reason) or
+    "finished"; ``round`` = the last round whose metrics were written. ``flower-report`` reads it."""
+    record = {"status": status, "round": last_round, "reason": reason}
+    (run_dir / "status.json").write_text(json.dumps(record))
+
+
+def _pop_text(row: dict[str, Any]) -> str:
+    """' pop_loss … pop_accuracy …' when the population was evaluated this round (eval_train)."""
+    if row.get("pop_loss") is None:
+        return ""
+    return f" pop_loss {row['pop_loss']:.4f} pop_accuracy {row['pop_accuracy']:.4f}"
+
+
+def _divergence(strategy: Any) -> str:
+    """Why the run counts as diverged ('' when it does not): only the *global* model decides.
+
+    Client replies with NaN/inf never reach the model (the strategy rejects them), so one diverging client
+    cannot end a run; the test loss is checked after each evaluation.
+    """
     if strategy.model is not None and not all(np.all(np.isfinite(a)) for a in strategy.model):
         return "the global model has non-finite weights"
     return ""
@@ -157,9 +179,10 @@ def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any]) -> None:
         return "-" if value is None else format(value, spec)
 
     log(INFO, "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
-        "failures %d skipped %d %.1fs", rnd, num_rounds, fmt("accuracy"), fmt("loss"), fmt("train_loss"),
-        fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"], row["num_selected"],
-        row["num_failures"], row["num_skipped"], row["seconds"])
+        "rejected %d failures %d skipped %d %.1fs%s", rnd, num_rounds, fmt("accuracy"), fmt("loss"),
+        fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"],
+        row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"], row["seconds"],
+        _pop_text(row))
 
 
 # --------------------------------------------------------------------------- deployed ServerApp

@@ -12,16 +12,28 @@ from flwr.app import ArrayRecord
 
 from client.data import Dataset, load_dataset
 from client.models import build_model
-from client.partition import dirichlet_partition, label_histograms, parse_alpha, save_histograms
+from client.partition import client_sizes, dirichlet_partition, label_histograms, parse_alpha, save_histograms
 from client.train import evaluate, get_device, load_arrays
 from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay, UniformClientManager
-from strategies.flower import _ServerOptStrategy
+from strategies.base import ServerOptStrategy
 
 DECAY_KEYS = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
+SERVER_OPTIMIZER_KEYS = ("server_optimizer", "beta_1", "beta_2", "tau", "bias_correction")
 
 
-def build_strategy(cfg: Mapping[str, Any]) -> _ServerOptStrategy:
-    """The configured strategy with its cyclic or uniform client manager (server-side evaluation only)."""
+def max_num_examples(cfg: Mapping[str, Any], num_train: int | None) -> float | None:
+    """``trust.max_num_examples``: "auto" = the largest partition of the split (needs ``num_train``)."""
+    value = cfg.get("trust", {}).get("max_num_examples", "auto")
+    if value == "auto":
+        return None if num_train is None else float(client_sizes(num_train, int(cfg["num_clients"])).max())
+    return None if value is None else float(value)
+
+
+def build_strategy(cfg: Mapping[str, Any], num_train: int | None = None) -> ServerOptStrategy:
+    """The configured strategy with its cyclic or uniform client manager (server-side evaluation only).
+
+    ``num_train``: size of the clients' training split, for the default ``trust.max_num_examples``.
+    """
     s, p = cfg["strategy"], cfg["participation"]
     manager_cls = CyclicClientManager if p["mode"] == "cyclic" else UniformClientManager
     extra = {"groups": p.get("groups")} if p["mode"] == "cyclic" else {}
@@ -34,15 +46,18 @@ def build_strategy(cfg: Mapping[str, Any]) -> _ServerOptStrategy:
         server_lr_schedule=s.get("server_lr_schedule", "constant"),
         schedule_param=float(s.get("schedule_param", 1.0)),
         client_manager=manager,
+        max_update_norm=cfg.get("trust", {}).get("max_update_norm"),
+        max_num_examples=max_num_examples(cfg, num_train),
         fraction_evaluate=0.0,
         min_available_nodes=1,
         min_train_nodes=1,
     )
     name = s["name"]
-    if name == "fedavgm":
-        return FedAvgM(momentum=float(s["momentum"]), **common)
     if name == "fedcm":
         return FedCM(momentum=float(s["momentum"]), **common)
+    common.update({k: s[k] for k in SERVER_OPTIMIZER_KEYS if k in s})  # Adam / Adagrad / Yogi (Reddi et al.)
+    if name == "fedavgm":
+        return FedAvgM(momentum=float(s["momentum"]), **common)
     theta = s.get("theta", "fedavg")
     theta = theta if isinstance(theta, str) else [float(w) for w in theta]
     if name == "localupdate":
@@ -64,22 +79,36 @@ def server_dataset(cfg: Mapping[str, Any]) -> Dataset:
     return load_dataset(d["name"], d["root"], d.get("cache_dir") or None, download=bool(d.get("download", False)))
 
 
+def client_partitions(cfg: Mapping[str, Any], ds: Dataset) -> list[np.ndarray]:
+    """Train indices of every client: the Dirichlet split the ClientApps draw (partition seed = ``seed``)."""
+    return dirichlet_partition(np.asarray(ds.y_train), int(cfg["num_clients"]), parse_alpha(cfg["data"]["alpha"]),
+                               int(cfg["seed"]), ds.num_classes)
+
+
 def save_partition_summary(cfg: Mapping[str, Any], ds: Dataset, run_dir: Path) -> np.ndarray:
     """Per-client label histograms of the clients' split (csv, json, png in the run dir)."""
-    parts = dirichlet_partition(np.asarray(ds.y_train), int(cfg["num_clients"]), parse_alpha(cfg["data"]["alpha"]),
-                                int(cfg["seed"]), ds.num_classes)
+    parts = client_partitions(cfg, ds)
     hist = label_histograms(np.asarray(ds.y_train), parts, ds.num_classes)
     save_histograms(run_dir, hist, ds.classes, title=f"alpha={cfg['data']['alpha']}", stem="partition")
     return hist
 
 
 class Evaluator:
-    """Server-side test-set evaluation of a global model."""
+    """Server-side evaluation of a global model: the test set, and with ``eval_train`` the clients' population.
+
+    The population loss is seed 001 Eq. 2, f(x) = E_{i~P} f_i(x) with P uniform over the N clients and f_i the
+    mean loss over client i's training examples (no augmentation): the mean over clients of their mean losses
+    (the partitions are equal up to one example, so this is also the loss over the union of their data).
+    ``eval_train_max_examples`` > 0 takes that many examples in all, evenly spaced within each partition.
+    """
 
     def __init__(self, cfg: Mapping[str, Any], ds: Dataset) -> None:
         self.ds = ds
         self.model = build_model(cfg["model"]["name"], ds.num_classes).to(get_device())
         self.max_examples = int(cfg.get("eval_max_examples", 0))
+        self.partitions = client_partitions(cfg, ds) if cfg.get("eval_train") else None
+        train_max = int(cfg.get("eval_train_max_examples", 0))
+        self.per_client_max = max(1, -(-train_max // int(cfg["num_clients"]))) if train_max > 0 else 0
 
     def __call__(self, arrays: ArrayRecord) -> tuple[float, float]:
         """(test loss, test accuracy)."""
@@ -88,3 +117,18 @@ class Evaluator:
             loss, acc, _ = evaluate(self.model, self.ds.x_test, self.ds.y_test, self.ds.mean, self.ds.std,
                                     self.max_examples)
         return float(loss), float(acc)
+
+    def population(self, arrays: ArrayRecord) -> tuple[float, float]:
+        """(population train loss f(x), population train accuracy): means over clients of their means."""
+        load_arrays(self.model, {k: v.numpy() for k, v in arrays.items()})
+        per_client = [evaluate(self.model, self.ds.x_train[idx], self.ds.y_train[idx], self.ds.mean, self.ds.std,
+                               self.per_client_max)[:2] for idx in self.partitions]
+        loss, acc = np.mean(np.asarray(per_client, dtype=np.float64), axis=0)
+        return float(loss), float(acc)
+
+    def metrics(self, arrays: ArrayRecord) -> dict[str, float]:
+        """Metrics-row entries: ``loss``, ``accuracy`` and, with ``eval_train``, ``pop_loss``, ``pop_accuracy``."""
+        row = dict(zip(("loss", "accuracy"), self(arrays)))
+        if self.partitions is not None:
+            row.update(zip(("pop_loss", "pop_accuracy"), self.population(arrays)))
+        return row

@@ -20,6 +20,7 @@ from strategies import math as fm
 from strategies.participation import make_schedule
 
 STRATEGIES = ("fedavgm", "fedcm", "localupdate", "localupdate_decay")
+FEDOPT_STRATEGIES = ("fedavgm", "localupdate", "localupdate_decay")  # accept strategy.server_optimizer
 MODELS = ("cnn", "resnet20")
 DATASETS = ("cifar10", "cifar10_folder")
 TOY_DATASETS = ()
@@ -76,6 +77,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "eval_every")
     _positive_int(cfg, "checkpoint_every")
     _positive_int(cfg, "eval_max_examples", 0)
+    _validate_eval_train(cfg)
     s = _require(cfg, "strategy")
     name = _require(cfg, "strategy.name")
     if name not in STRATEGIES:
@@ -89,6 +91,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         _check("strategy.theta", fm.theta_weights, _require(cfg, "strategy.theta"), 1)
     _check("strategy.server_lr_schedule", fm.check_schedule, s.get("server_lr_schedule", "constant"),
            s.get("schedule_param", 1.0))
+    _validate_server_optimizer(cfg)
     if name == "localupdate_decay":
         keys = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
         _check("strategy", fm.PlateauDecayConfig, *[_require(cfg, f"strategy.{k}") for k in keys])
@@ -107,6 +110,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _check("client.weight_decay", fm.check_lr, c.get("weight_decay", 0.0), "weight_decay")
     if "loss_before_batches" in c:
         _positive_int(cfg, "client.loss_before_batches", -1)
+    _validate_trust(cfg)
     _validate_data(cfg, check_paths)
     _validate_backend(cfg.get("backend", {}))
     return cfg
@@ -132,6 +136,45 @@ def _validate_backend(b: Mapping[str, Any]) -> None:
 def _host_port(address: str) -> bool:
     host, _, port = address.rpartition(":")
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def _validate_server_optimizer(cfg: dict[str, Any]) -> None:
+    """``strategy.server_optimizer`` and its knobs (FedAvgM with momentum 0, LocalUpdate, LocalUpdateDecay)."""
+    s = cfg["strategy"]
+    optimizer = s.get("server_optimizer", "sgd")
+    if s["name"] not in FEDOPT_STRATEGIES:
+        if optimizer != "sgd":
+            raise ConfigError(f"'strategy.server_optimizer': {s['name']} supports only sgd, got {optimizer!r}")
+        return
+    if not isinstance(s.get("bias_correction", True), bool):
+        raise ConfigError(f"'strategy.bias_correction' must be true or false, got {s['bias_correction']!r}")
+    try:
+        fm.server_optimizer_config(optimizer, s.get("beta_1"), s.get("beta_2"), s.get("tau"),
+                                   s.get("bias_correction", True), float(s.get("momentum", 0.0)), prefix="strategy.")
+    except (TypeError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def _validate_eval_train(cfg: dict[str, Any]) -> None:
+    """``eval_train``: bool (population loss f(x), seed 001 Eq. 2); ``eval_train_max_examples``: int >= 0."""
+    if not isinstance(cfg.setdefault("eval_train", False), bool):
+        raise ConfigError(f"'eval_train' must be true or false, got {cfg['eval_train']!r}")
+    cfg.setdefault("eval_train_max_examples", 0)
+    _positive_int(cfg, "eval_train_max_examples", 0)
+
+
+def _validate_trust(cfg: dict[str, Any]) -> None:
+    """``trust.max_update_norm``: null or > 0; ``trust.max_num_examples``: null, "auto" or > 0."""
+    trust = cfg.setdefault("trust", {})
+    if not isinstance(trust, dict):
+        raise ConfigError(f"'trust' must be a mapping, got {trust!r}")
+    for key in ("max_update_norm", "max_num_examples"):
+        value = trust.setdefault(key, "auto" if key == "max_num_examples" else None)
+        if value is None or (key == "max_num_examples" and value == "auto"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"'trust.{key}' must be a positive number or null"
+                              f"{' or auto' if key == 'max_num_examples' else ''}, got {value!r}")
 
 
 def _validate_data(cfg: dict[str, Any], check_paths: bool) -> None:

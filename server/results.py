@@ -20,7 +20,9 @@ import numpy as np
 
 COLUMNS = (
     "round", "accuracy", "loss", "server_lr", "client_lr", "seconds", "train_loss", "loss_before",
-    "num_selected", "num_replies", "num_failures", "num_skipped", "elapsed",
+    "num_selected", "num_replies", "num_rejected", "num_failures", "num_skipped", "update_norm", "client_update_norm",
+    "pop_loss", "pop_accuracy",
+    "elapsed",
 )
 
 
@@ -78,7 +80,7 @@ def _isnan(value: Any) -> bool:
 
 
 def plot_run(run_dir: Path | str) -> list[Path]:
-    """accuracy.png, loss.png and lr.png of one run (what the seeds plot per round)."""
+    """accuracy.png, loss.png, lr.png and norm.png of one run (what the seeds plot per round)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,10 +90,12 @@ def plot_run(run_dir: Path | str) -> list[Path]:
     rows = read_metrics(run_dir)
     out = []
     panels = [
-        ("accuracy.png", [("accuracy", "test accuracy")], "accuracy"),
-        ("loss.png", [("loss", "test loss"), ("train_loss", "train loss"), ("loss_before", "loss before training")],
-         "loss"),
+        ("accuracy.png", [("accuracy", "test accuracy"), ("pop_accuracy", "population train accuracy")], "accuracy"),
+        ("loss.png", [("loss", "test loss"), ("train_loss", "train loss"), ("loss_before", "loss before training"),
+                      ("pop_loss", "population train loss f(x)")], "loss"),
         ("lr.png", [("server_lr", "server lr"), ("client_lr", "client lr")], "learning rate"),
+        ("norm.png", [("update_norm", "||aggregated update||"), ("client_update_norm", "mean client ||update||")],
+         "L2 norm"),
     ]
     for name, series, ylabel in panels:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -101,7 +105,7 @@ def plot_run(run_dir: Path | str) -> list[Path]:
                 ax.plot(x, y, label=label, marker="." if len(x) < 50 else None)
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
-        if name == "lr.png" and any(len(_series(rows, k)[0]) for k, _ in series):
+        if name in ("lr.png", "norm.png") and any(len(_series(rows, k)[0]) for k, _ in series):
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend()

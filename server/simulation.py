@@ -152,12 +152,28 @@ def _hydra_main(cfg: DictConfig) -> None:
 
         if isinstance(err, DivergenceError):
             print(f"flower-simulation: {err}", file=sys.stderr)
+            if _is_multirun():  # the sweep goes on (its status.json says diverged); exit 3 after the last job
+                DIVERGED_JOBS.append(plain["run_dir"])
+                return
             raise SystemExit(3) from None
         raise
     print(f"flower-simulation: finished {summary['rounds']} rounds, accuracy {summary['accuracy']}, "
           f"results in {summary['run_dir']}")
 
 
+DIVERGED_JOBS: list[str] = []  # run dirs of the diverged jobs of this multirun
+
+
+def _is_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def main() -> None:
-    """Console entry point."""
+    """Console entry point. A multirun runs every job; it exits with 3 when any of them diverged."""
     _hydra_main()
+    if DIVERGED_JOBS:
+        print(f"flower-simulation: {len(DIVERGED_JOBS)} job(s) diverged: {', '.join(DIVERGED_JOBS)}", file=sys.stderr)
+        raise SystemExit(3)

@@ -1,189 +1,30 @@
 """Flower Message-API strategies: thin adapters over :mod:`strategies.math`.
 
-Each strategy subclasses Flower's ``FedAvg`` and keeps its message conventions (model
-in the ArrayRecord "arrays", weights under "num-examples"), so a ClientApp written for
-Flower's FedAvg works with :class:`FedAvgM` unchanged. Node selection follows an
-optional client manager (cyclic or uniform over partition ids); without one, Flower's
-own sampling (``fraction_train``) is used. The server keeps the model and whatever
-state it needs (previous model, decay state) and sends the client everything the round
-needs (client lr, FedCM's momentum term, Theta), so clients stay stateless.
+Each strategy subclasses :class:`strategies.base.ServerOptStrategy` (itself Flower's ``FedAvg``) and keeps its
+message conventions (model in the ArrayRecord "arrays", weights under "num-examples"), so a ClientApp written
+for Flower's FedAvg works with :class:`FedAvgM` unchanged. The server keeps the model and whatever state it
+needs (previous model, decay state) and sends the client everything the round needs (client lr, FedCM's
+momentum term, Theta), so clients stay stateless. Every reply is validated before aggregation
+(:mod:`strategies.validation`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from strategies import math as fm
 from strategies import protocol
-from strategies.client_manager import PartitionClientManager
+from strategies.base import ServerOptStrategy, to_record
+from strategies.fedopt import AdaptiveServerStrategy
 
 
-def _to_record(keys: Sequence[str], arrays: Sequence[np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.asarray(a)) for k, a in zip(keys, arrays, strict=True)})
-
-
-class _ServerOptStrategy(FedAvg):
-    """Shared machinery: state, node selection, message packing, reply unpacking."""
-
-    algorithm = ""
-
-    def __init__(
-        self,
-        *,
-        server_lr: float = 1.0,
-        client_lr: float | None = None,
-        momentum: float = 0.0,
-        server_lr_schedule: str = "constant",
-        schedule_param: float = 1.0,
-        client_manager: PartitionClientManager | None = None,
-        **fedavg_kwargs: Any,
-    ) -> None:
-        super().__init__(**fedavg_kwargs)
-        fm.check_lr(server_lr, "server_lr", allow_zero=self.algorithm != "fedcm")
-        if client_lr is not None:
-            fm.check_lr(client_lr, "client_lr")
-        fm.check_momentum(momentum)
-        fm.check_schedule(server_lr_schedule, schedule_param)
-        self.server_lr = float(server_lr)
-        self.client_lr = None if client_lr is None else float(client_lr)
-        self.momentum = float(momentum)
-        self.server_lr_schedule = server_lr_schedule
-        self.schedule_param = float(schedule_param)
-        self.client_manager = client_manager
-        self.keys: list[str] | None = None
-        self.model: list[np.ndarray] | None = None
-        self.prev_model: list[np.ndarray] | None = None
-        self.last_round = 0
-        self.round_info: dict[str, float] = {}
-
-    # ----------------------------------------------------------------------- state
-    def current_server_lr(self, server_round: int) -> float:
-        """eta_t of round t from the base server lr and the schedule."""
-        return float(fm.scheduled_lr(self.base_server_lr(), self.server_lr_schedule, self.schedule_param, server_round))
-
-    def base_server_lr(self) -> float:
-        """Server lr before the schedule (LocalUpdateDecay overrides it)."""
-        return self.server_lr
-
-    def current_client_lr(self) -> float | None:
-        """Client lr sent this round."""
-        return self.client_lr
-
-    def state_dict(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """Full strategy state: JSON-serialisable metadata and named arrays (for checkpoints)."""
-        if self.model is None:
-            raise RuntimeError("strategy has no model yet: call configure_train first")
-        meta = {"algorithm": self.algorithm, "keys": self.keys, "last_round": self.last_round}
-        arrays = {f"model/{k}": a for k, a in zip(self.keys, self.model, strict=True)}
-        arrays.update({f"prev_model/{k}": a for k, a in zip(self.keys, self.prev_model, strict=True)})
-        return meta, arrays
-
-    def load_state_dict(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        if meta["algorithm"] != self.algorithm:
-            raise ValueError(f"checkpoint is for {meta['algorithm']!r}, not {self.algorithm!r}")
-        self.keys = list(meta["keys"])
-        self.last_round = int(meta["last_round"])
-        self.model = [np.asarray(arrays[f"model/{k}"]) for k in self.keys]
-        self.prev_model = [np.asarray(arrays[f"prev_model/{k}"]) for k in self.keys]
-
-    def model_record(self) -> ArrayRecord:
-        """The current global model as an ArrayRecord."""
-        return _to_record(self.keys, self.model)
-
-    def _ensure_model(self, arrays: ArrayRecord) -> None:
-        if self.model is None:
-            self.keys = list(arrays.keys())
-            self.model = arrays.to_numpy_ndarrays()
-            self.prev_model = self.model  # theta^{-1} = theta^0
-
-    # ----------------------------------------------------------------------- train
-    def _select_nodes(self, server_round: int, grid: Grid) -> list[int]:
-        if self.client_manager is not None:
-            return self.client_manager.select(server_round, grid)
-        num_nodes = int(len(list(grid.get_node_ids())) * self.fraction_train)
-        node_ids, _ = sample_nodes(grid, self.min_available_nodes, max(num_nodes, self.min_train_nodes))
-        return node_ids
-
-    def _round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        cfg = ConfigRecord(dict(config))
-        cfg[protocol.ALGORITHM] = self.algorithm
-        cfg[protocol.SERVER_ROUND] = server_round
-        cfg[protocol.SERVER_LR] = self.current_server_lr(server_round)
-        cfg[protocol.MOMENTUM] = self.momentum
-        client_lr = self.current_client_lr()
-        if client_lr is not None:
-            cfg[protocol.CLIENT_LR] = client_lr
-        return cfg
-
-    def _extra_records(self, server_round: int) -> dict[str, ArrayRecord]:
-        return {}
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Select nodes and send theta^{t-1} with this round's settings (one shared RecordDict)."""
-        self._ensure_model(arrays)
-        if self.fraction_train == 0.0:
-            return []
-        node_ids = self._select_nodes(server_round, grid)
-        content = RecordDict(
-            {
-                self.arrayrecord_key: self.model_record(),
-                self.configrecord_key: self._round_config(server_round, config),
-                **self._extra_records(server_round),
-            }
-        )
-        self.round_info = {"num-selected": len(node_ids)}
-        log(INFO, "configure_train: round %d, %d nodes", server_round, len(node_ids))
-        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in node_ids]
-
-    def _server_update(self, server_round: int, per_client: list[list[np.ndarray]], weights: list[float]) -> None:
-        raise NotImplementedError
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Apply the algorithm's server rule to the valid replies; failures are counted in the metrics."""
-        replies = list(replies)
-        valid, failed = self._check_and_log_replies(replies, is_train=True)
-        server_lr = self.current_server_lr(server_round)
-        client_lr = self.current_client_lr()
-        metrics = MetricRecord()
-        if valid:
-            if self.client_manager is not None:  # a fixed summation order: same model in every engine
-                partition = self.client_manager.node_to_partition
-                valid.sort(key=lambda m: partition.get(m.metadata.src_node_id, -1))
-            contents = [m.content for m in valid]
-            per_client = [c[self.arrayrecord_key].to_numpy_ndarrays() for c in contents]
-            weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
-            metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
-            self._server_update(server_round, per_client, weights)
-            self._after_update(server_round, metrics)
-        self.last_round = server_round
-        metrics["num-replies"] = len(valid)
-        metrics["num-failures"] = len(failed) + int(self.round_info.get("num-selected", 0)) - len(replies)
-        if self.client_manager is not None:
-            metrics["num-skipped"] = len(self.client_manager.skipped.get(server_round, []))
-        metrics["server-lr"] = server_lr
-        if client_lr is not None:
-            metrics["client-lr"] = client_lr
-        return (self.model_record() if valid else None), metrics
-
-    def _after_update(self, server_round: int, metrics: MetricRecord) -> None:
-        """Hook run after each server update (LocalUpdateDecay feeds its plateau rule here)."""
-
-
-class FedAvgM(_ServerOptStrategy):
+class FedAvgM(AdaptiveServerStrategy):
     """FedAvg with server heavy-ball momentum (seed 000 Eq. 92).
 
     theta^t = theta^{t-1} - eta_t (1 - beta) Delta^t + beta (theta^{t-1} - theta^{t-2}),
@@ -204,20 +45,34 @@ class FedAvgM(_ServerOptStrategy):
         ``schedule_param`` is alpha or gamma.
     client_manager : PartitionClientManager, optional
         Cyclic or uniform participation; Flower's ``fraction_train`` sampling when None.
+    max_update_norm : float, optional
+        Reject replies whose update (theta^{t-1} - theta_i, or q) has a larger L2 norm (None = no cap).
+    max_num_examples : float, optional
+        Reject replies that claim a larger weight ``num-examples`` (None = no cap).
+    server_optimizer, beta_1, beta_2, tau, bias_correction
+        Adam / Adagrad / Yogi on Delta^t instead of the heavy-ball step (needs ``momentum=0``); with the same
+        knobs it equals Flower's FedAdam / FedAdagrad / FedYogi(eta=server_lr). See
+        :class:`strategies.fedopt.AdaptiveServerStrategy`.
     **fedavg_kwargs
         Passed to Flower's ``FedAvg`` (fractions, minimum nodes, record keys).
     """
 
     algorithm = "fedavgm"
 
-    def _server_update(self, server_round: int, per_client: list[list[np.ndarray]], weights: list[float]) -> None:
+    def _server_update(
+        self, server_round: int, per_client: list[list[np.ndarray]], weights: list[float]
+    ) -> list[np.ndarray]:
         delta = fm.model_delta(self.model, fm.weighted_mean(per_client, weights))
-        new = fm.fedavgm_server_update(self.model, self.prev_model, delta, self.current_server_lr(server_round),
-                                       self.momentum)
+        if self.server_optimizer is not None:
+            new = self.adaptive_update(server_round, delta)
+        else:
+            new = fm.fedavgm_server_update(self.model, self.prev_model, delta, self.current_server_lr(server_round),
+                                           self.momentum)
         self.prev_model, self.model = self.model, new
+        return delta
 
 
-class FedCM(_ServerOptStrategy):
+class FedCM(ServerOptStrategy):
     """FedCM: the server's momentum term corrects every local step (seed 000 Eq. 101-102).
 
     Clients step theta <- theta - eta_l (1 - beta) grad + (beta / (J eta_t)) (theta^{t-1} - theta^{t-2});
@@ -233,15 +88,18 @@ class FedCM(_ServerOptStrategy):
 
     def _extra_records(self, server_round: int) -> dict[str, ArrayRecord]:
         term = fm.fedcm_correction(self.model, self.prev_model, self.current_server_lr(server_round), self.momentum)
-        return {protocol.FEDCM_CORRECTION: _to_record(self.keys, term)}
+        return {protocol.FEDCM_CORRECTION: to_record(self.keys, term)}
 
-    def _server_update(self, server_round: int, per_client: list[list[np.ndarray]], weights: list[float]) -> None:
+    def _server_update(
+        self, server_round: int, per_client: list[list[np.ndarray]], weights: list[float]
+    ) -> list[np.ndarray]:
         delta = fm.model_delta(self.model, fm.weighted_mean(per_client, weights))
         new = fm.fedcm_server_update(self.model, delta, self.current_server_lr(server_round))
         self.prev_model, self.model = self.model, new
+        return delta
 
 
-class LocalUpdate(_ServerOptStrategy):
+class LocalUpdate(AdaptiveServerStrategy):
     """LocalUpdate with decoupled client lr gamma and server lr eta (seed 001 Algorithms 1-2).
 
     Each client runs K mini-batch SGD steps with lr gamma and replies, in the ArrayRecord
@@ -257,10 +115,13 @@ class LocalUpdate(_ServerOptStrategy):
         "fedavg" (Theta_{1:K}), "fomaml" (Theta_K) or explicit weights (K = len(theta)).
     local_steps : int
         K for a preset theta; 0 lets the client take E epochs (K = its number of steps).
+    server_optimizer : str
+        "sgd" or Adam / Adagrad / Yogi on mean q (seed 001 Section 8.4 uses Yogi), as in :class:`FedAvgM`.
     Other parameters as in :class:`FedAvgM` (no momentum).
     """
 
     algorithm = "localupdate"
+    reply_is_update = True
 
     def __init__(
         self, *, client_lr: float, theta: str | Sequence[float] = "fedavg", local_steps: int = 0, **kwargs: Any
@@ -281,10 +142,16 @@ class LocalUpdate(_ServerOptStrategy):
             cfg[protocol.LOCAL_STEPS] = self.local_steps
         return cfg
 
-    def _server_update(self, server_round: int, per_client: list[list[np.ndarray]], weights: list[float]) -> None:
+    def _server_update(
+        self, server_round: int, per_client: list[list[np.ndarray]], weights: list[float]
+    ) -> list[np.ndarray]:
         mean_update = fm.weighted_mean(per_client, weights)
-        new = fm.localupdate_server_update(self.model, mean_update, self.current_server_lr(server_round))
+        if self.server_optimizer is not None:
+            new = self.adaptive_update(server_round, mean_update)
+        else:
+            new = fm.localupdate_server_update(self.model, mean_update, self.current_server_lr(server_round))
         self.prev_model, self.model = self.model, new
+        return mean_update
 
 
 class LocalUpdateDecay(LocalUpdate):
@@ -295,8 +162,11 @@ class LocalUpdateDecay(LocalUpdate):
     after P rounds without an improvement of ``min_delta`` (outside a cooldown of C
     rounds, which also covers the first C rounds) it sets gamma <- gamma * client_decay
     and eta <- eta * server_decay, floored at ``min_lr``. See
-    :func:`strategies.math.plateau_decay_step`.
+    :func:`strategies.math.plateau_decay_step`. With an adaptive ``server_optimizer`` the decayed eta is the
+    optimizer's step size.
     """
+
+    required_metrics = (protocol.LOSS_BEFORE,)
 
     def __init__(
         self,
@@ -323,8 +193,6 @@ class LocalUpdateDecay(LocalUpdate):
         return self.decay_state.client_lr
 
     def _after_update(self, server_round: int, metrics: MetricRecord) -> None:
-        if protocol.LOSS_BEFORE not in metrics:
-            raise ValueError(f"LocalUpdateDecay needs '{protocol.LOSS_BEFORE}' in every client's train reply")
         before = self.decay_state.num_decays
         self.decay_state = fm.plateau_decay_step(self.decay_state, float(metrics[protocol.LOSS_BEFORE]),
                                                  self.decay_config)

@@ -64,6 +64,11 @@ def weighted_mean(per_client: Sequence[Params], weights: Sequence[float]) -> Par
     return out
 
 
+def l2_norm(params: Params) -> float:
+    """Euclidean norm of a list of numpy arrays taken as one vector (per-layer dot in the arrays' own dtype)."""
+    return math.sqrt(sum(float(np.dot(v, v)) for v in (np.asarray(x).ravel() for x in params)))
+
+
 def model_delta(global_model: Params, mean_client_model: Params) -> Params:
     """Pseudo-gradient Delta^t = theta^{t-1} - mean_i theta_i^{t,J} (seed 000 Eq. 92)."""
     return [g - c for g, c in zip(global_model, mean_client_model)]
@@ -258,3 +263,113 @@ def plateau_decay_step(state: PlateauDecayState, value: float, config: PlateauDe
             wait = 0
             num_decays += 1
     return PlateauDecayState(client_lr, server_lr, window, best, wait, cooldown, num_decays)
+
+
+# --------------------------------------------------------------------------- server optimizers (FedOpt)
+SERVER_OPTIMIZERS = ("sgd", "adam", "adagrad", "yogi")
+# Flower's defaults (flwr.serverapp.strategy.FedAdam / FedAdagrad / FedYogi); Adagrad has no beta_1 / beta_2.
+SERVER_OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
+    "sgd": {},
+    "adam": {"beta_1": 0.9, "beta_2": 0.99, "tau": 1e-3},
+    "adagrad": {"tau": 1e-3},
+    "yogi": {"beta_1": 0.9, "beta_2": 0.99, "tau": 1e-3},
+}
+
+
+@dataclass(frozen=True)
+class ServerOptimizerConfig:
+    """An adaptive server optimizer on the pseudo-gradient (Reddi et al., "Adaptive Federated Optimization").
+
+    ``name`` is "adam", "adagrad" or "yogi"; ``beta_1`` (0 for Adagrad), ``beta_2`` (unused by Adagrad) and
+    ``tau`` (the adaptivity, added to sqrt(v)) have Flower's meanings. ``bias_correction`` (Adam only) scales
+    eta as Flower's FedAdam does (:func:`adam_bias_corrected_lr`); False is Reddi et al. Algorithm 2 as written.
+    """
+
+    name: str
+    beta_1: float = 0.0
+    beta_2: float = 0.0
+    tau: float = 1e-3
+    bias_correction: bool = True
+
+
+def server_optimizer_config(
+    name: str = "sgd",
+    beta_1: float | None = None,
+    beta_2: float | None = None,
+    tau: float | None = None,
+    bias_correction: bool = True,
+    momentum: float = 0.0,
+    prefix: str = "",
+) -> ServerOptimizerConfig | None:
+    """Validate the knobs and fill Flower's per-optimizer defaults; None for "sgd" (the strategy's own rule).
+
+    Raises ValueError naming the parameter (``prefix`` + name): an unknown optimizer, beta_1 / beta_2 outside
+    [0, 1), tau <= 0, a knob the optimizer does not have (any knob with sgd, beta_1 / beta_2 with adagrad,
+    bias_correction=False without adam), or heavy-ball ``momentum`` > 0 with an adaptive optimizer (its momentum
+    is beta_1).
+    """
+    if name not in SERVER_OPTIMIZERS:
+        raise ValueError(f"{prefix}server_optimizer must be one of {SERVER_OPTIMIZERS}, got {name!r}")
+    given = {"beta_1": beta_1, "beta_2": beta_2, "tau": tau}
+    defaults = SERVER_OPTIMIZER_DEFAULTS[name]
+    for key, value in given.items():
+        if value is not None and key not in defaults:
+            raise ValueError(f"{prefix}{key} is not a parameter of server_optimizer={name!r} (leave it null)")
+    if not bias_correction and name != "adam":
+        raise ValueError(f"{prefix}bias_correction applies to server_optimizer='adam' only (leave it true)")
+    if name == "sgd":
+        return None
+    if momentum:
+        raise ValueError(f"{prefix}momentum must be 0 with server_optimizer={name!r} (use beta_1), got {momentum!r}")
+    knobs = {key: float(defaults[key] if given[key] is None else given[key]) for key in defaults}
+    for key in ("beta_1", "beta_2"):
+        if key in knobs and not 0.0 <= knobs[key] < 1.0:
+            raise ValueError(f"{prefix}{key} must lie in [0, 1), got {knobs[key]!r}")
+    if not (math.isfinite(knobs["tau"]) and knobs["tau"] > 0.0):
+        raise ValueError(f"{prefix}tau must be a positive number, got {knobs['tau']!r}")
+    return ServerOptimizerConfig(name, bias_correction=bool(bias_correction), **knobs)
+
+
+def fedopt_first_moment(m: Params, grad: Params, beta_1: Any) -> Params:
+    """m_t = beta_1 m_{t-1} + (1 - beta_1) Delta_t (Reddi et al. Algorithm 2; Adagrad: beta_1 = 0)."""
+    return [beta_1 * mi + (1.0 - beta_1) * g for mi, g in zip(m, grad)]
+
+
+def fedopt_second_moment(v: Params, grad: Params, name: str, beta_2: Any) -> Params:
+    """v_t of Reddi et al. Algorithm 2.
+
+    adagrad: v + Delta^2; adam: beta_2 v + (1 - beta_2) Delta^2;
+    yogi: v - (1 - beta_2) Delta^2 sign(v - Delta^2).
+    """
+    if name == "adagrad":
+        return [vi + g * g for vi, g in zip(v, grad)]
+    if name == "adam":
+        return [beta_2 * vi + (1.0 - beta_2) * (g * g) for vi, g in zip(v, grad)]
+    return [vi - (1.0 - beta_2) * (g * g) * np.sign(vi - g * g) for vi, g in zip(v, grad)]
+
+
+def adam_bias_corrected_lr(server_lr: Any, beta_1: Any, beta_2: Any, server_round: int) -> Any:
+    """eta sqrt(1 - beta_2^(t+1)) / (1 - beta_1^(t+1)): the step size of Flower's FedAdam in round t.
+
+    Kingma & Ba's alpha_t with Flower's exponent t + 1 (round t = 1 uses the powers 2), kept to match it.
+    """
+    correction = np.sqrt(1.0 - np.power(beta_2, server_round + 1.0)) / (1.0 - np.power(beta_1, server_round + 1.0))
+    return server_lr * correction
+
+
+def fedopt_server_update(
+    model: Params, m: Params, v: Params, grad: Params, server_lr: Any, config: ServerOptimizerConfig,
+    server_round: int,
+) -> tuple[Params, Params, Params]:
+    """One adaptive server step on the pseudo-gradient Delta_t; returns (x_t, m_t, v_t).
+
+    x_t = x_{t-1} - eta_t m_t / (sqrt(v_t) + tau) (Reddi et al. Algorithm 2, with Delta_t taken as a gradient:
+    theta^{t-1} - mean theta_i for model replies, mean q_i for LocalUpdate, seed 001 Section 8.4). Start from
+    m = v = 0 (as Flower does). Equals Flower's FedAdagrad / FedAdam / FedYogi, whose delta is -Delta_t.
+    """
+    m = fedopt_first_moment(m, grad, config.beta_1)
+    v = fedopt_second_moment(v, grad, config.name, config.beta_2)
+    lr = server_lr
+    if config.name == "adam" and config.bias_correction:
+        lr = adam_bias_corrected_lr(server_lr, config.beta_1, config.beta_2, server_round)
+    return [x - lr * mi / (np.sqrt(vi) + config.tau) for x, mi, vi in zip(model, m, v)], m, v

@@ -26,6 +26,7 @@ NUM_EXAMPLES = "num-examples"  # int: weight of the reply
 LOSS_BEFORE = "loss-before"  # float: client loss of the received model (LocalUpdateDecay monitors it)
 TRAIN_LOSS = "train-loss"  # float: mean loss over the local steps
 NUM_STEPS = "num-steps"  # int: local steps taken (J)
+NONFINITE = "nonfinite"  # int: 1 when the client's local training met a NaN/inf (the server rejects the reply)
 PARTITION_ID = "partition-id"  # int: reply to the QUERY message used to map nodes to partitions
 
 ALGORITHMS = ("fedavgm", "fedcm", "localupdate")

@@ -37,9 +37,10 @@ def test_every_strategy_and_participation_runs_two_rounds(multirun, strategy, mo
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
-        assert r["num_replies"] == r["num_selected"] == 2 and r["num_failures"] == 0
+        assert r["num_replies"] == r["num_selected"] == 2 and r["num_failures"] == r["num_rejected"] == 0
         assert np.isfinite([r["accuracy"], r["loss"], r["train_loss"], r["loss_before"], r["server_lr"],
                             r["client_lr"], r["seconds"]]).all()
+        assert r["update_norm"] > 0 and r["client_update_norm"] >= r["update_norm"] * (1 - 1e-9)  # triangle ineq.
     header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"round", "accuracy", "loss", "server_lr", "client_lr", "seconds"} <= set(header)
     cfg = json.loads((run_dir / "config.json").read_text())
@@ -125,10 +126,21 @@ def test_unknown_strategy_group_is_rejected(tiny_data, tmp_path):
     assert proc.returncode != 0 and "strategy" in proc.stderr
 
 
-def test_divergence_stops_with_a_clear_message_and_keeps_results(tiny_data, tmp_path):
+def test_divergence_of_the_global_model_stops_with_a_clear_message_and_keeps_results(tiny_data, tmp_path):
     run_dir = tmp_path / "nan"
-    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "strategy.client_lr=1e12", "num_rounds=5"))
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "strategy.server_lr=1e30", "num_rounds=5"))
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "diverged" in proc.stderr
     rows = read_metrics(run_dir)
     assert rows and rows[0]["round"] == 0 and len(rows) < 6
+
+
+def test_diverging_clients_are_rejected_and_do_not_end_the_run(tiny_data, tmp_path):
+    """Every client diverges (NaN local training): each reply is rejected, the model stays as it was."""
+    run_dir = tmp_path / "clients-nan"
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "strategy.client_lr=1e12"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = read_metrics(run_dir)
+    assert [(r["num_replies"], r["num_rejected"]) for r in rows[1:]] == [(0, 2), (0, 2)]
+    assert rows[1]["loss"] == rows[2]["loss"] == rows[0]["loss"]  # unchanged global model
+    assert "rejected the reply of node" in (run_dir / "run.log").read_text()
