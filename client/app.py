@@ -22,7 +22,8 @@ from client import config as C
 from client.data import Dataset, load_dataset
 from client.models import build_model
 from client.partition import dirichlet_partition
-from client.train import evaluate, get_device, load_arrays, local_train
+from client.train import _as_named, evaluate, get_device, load_arrays, local_train
+from strategies import client_state
 from strategies import protocol as P
 
 _DATASETS: dict[tuple, Dataset] = {}
@@ -83,15 +84,31 @@ def train_on_partition(
     partition_id: int,
     correction: Arrays | None = None,
     node_config: Mapping[str, Any] | None = None,
+    momentum_term: Arrays | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, int | float]]:
-    """One round of local training of client ``partition_id``: (state_dict or q as numpy, metrics)."""
+    """One round of local training of client ``partition_id``: (state_dict or q as numpy, metrics).
+
+    ``correction`` is FedCM's term, ``momentum_term`` GHBM's m. LocalGHBM and FedHBM read and write their
+    node-local state here (:mod:`strategies.client_state`).
+    """
     cfg, ds, model = _prepare(config, partition_id, node_config)
     idx = get_partition(cfg, "train")[int(partition_id)]
-    load_arrays(model, _to_named_arrays(arrays))
-    corr = _to_named_arrays(correction) if correction is not None else None
-    result = local_train(model, ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, C.train_config(cfg, partition_id),
-                         correction=corr)
-    return {k: v.numpy() for k, v in result.arrays.items()}, result.metrics
+    received = _to_named_arrays(arrays)
+    load_arrays(model, received)
+    train_cfg = C.train_config(cfg, partition_id)
+    extra = {"correction": _to_named_arrays(correction) if correction is not None else None,
+             "momentum_term": _to_named_arrays(momentum_term) if momentum_term is not None else None}
+    store, state_metrics = None, {}
+    if train_cfg.algorithm in P.STATEFUL_ALGORITHMS:
+        received = {k: np.asarray(v) for k, v in _as_named(model.state_dict(), received, "model arrays").items()}
+        store = client_state.ClientStateStore.from_config(cfg, partition_id, node_config)
+        state, state_metrics = client_state.round_input(store, train_cfg.algorithm, train_cfg.server_round, received)
+        extra["anchor" if train_cfg.algorithm == "fedhbm" else "momentum_term"] = state
+    result = local_train(model, ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, train_cfg, **extra)
+    out = {k: v.numpy() for k, v in result.arrays.items()}
+    if store is not None:
+        client_state.remember(store, train_cfg.algorithm, train_cfg.server_round, received, out)
+    return out, {**result.metrics, **state_metrics}
 
 
 def evaluate_on_partition(
@@ -121,12 +138,14 @@ def _partition_id(context: Context) -> int:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local training; the reply's "arrays" is the local model (FedAvgM, FedCM) or q (LocalUpdate)."""
+    """Local training; the reply's "arrays" is the local model (FedAvgM, FedCM, GHBM family) or q (LocalUpdate)."""
     content = msg.content
-    correction = content[P.FEDCM_CORRECTION] if P.FEDCM_CORRECTION in content.array_records else None
+    records = content.array_records
+    correction = content[P.FEDCM_CORRECTION] if P.FEDCM_CORRECTION in records else None
+    momentum = content[P.GHBM_MOMENTUM] if P.GHBM_MOMENTUM in records else None
     config = dict(content[P.CONFIG])
-    arrays, metrics = train_on_partition(config, content[P.ARRAYS], _partition_id(context),
-                                         correction=correction, node_config=context.node_config)
+    arrays, metrics = train_on_partition(config, content[P.ARRAYS], _partition_id(context), correction=correction,
+                                         node_config=context.node_config, momentum_term=momentum)
     # remember the data keys, so evaluate messages without them still work (a fallback only)
     context.state[STATE_KEY] = ConfigRecord({k: config[k] for k in C.DATA_KEYS if k in config})
     reply = RecordDict({P.ARRAYS: ArrayRecord({k: torch.from_numpy(v) for k, v in arrays.items()}),

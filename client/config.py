@@ -93,4 +93,5 @@ def train_config(cfg: Mapping[str, Any], partition_id: int) -> TrainConfig:
         seed=int(cfg[SEED]),
         server_round=int(cfg[P.SERVER_ROUND]),
         partition_id=int(partition_id),
+        participation=float(cfg.get(P.PARTICIPATION, 1.0)),
     )

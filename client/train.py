@@ -3,6 +3,10 @@
 - ``fedavgm``: J mini-batch SGD steps ``sgd_step`` (seed 000 Eq. 91); returns the local model.
 - ``fedcm``: J steps ``fedcm_local_step`` with the server's correction beta (theta^{t-1} - theta^{t-2}) / eta_t
   (seed 000 Eq. 101); zero correction in round 1; returns the local model.
+- ``ghbm`` / ``localghbm``: J steps ``ghbm_local_step`` theta - eta_l g - (beta / J) m with the round's momentum m
+  (GHBM: sent by the server; LocalGHBM: formed from the client's state by ``client.app``); returns the local model.
+- ``fedhbm``: J steps ``ghbm_local_step`` with m = ``fedhbm_momentum``(a_i, theta_k, C) = C (a_i - theta_k), a_i the
+  client's final local model of its previous participation (none: zero momentum); returns the local model.
 - ``localupdate``: K SGD steps with lr gamma (K = len(Theta) for a list; for a preset "fedavg"/"fomaml",
   K = J from local_steps or epochs), accumulating q = sum_k Theta_k g_k
   (``localupdate_accumulate``; seed 001 Algorithm 2); returns q (same keys/shapes as the model).
@@ -44,8 +48,16 @@ from torch import nn
 
 from client.augment import prepare_batch
 from strategies import protocol as P
-from strategies.math import fedcm_local_step, localupdate_accumulate, sgd_step, theta_weights
+from strategies.math import (
+    fedcm_local_step,
+    fedhbm_momentum,
+    ghbm_local_step,
+    localupdate_accumulate,
+    sgd_step,
+    theta_weights,
+)
 
+GHBM_FAMILY = ("ghbm", "localghbm", "fedhbm")
 NONFINITE = P.NONFINITE  # int metric: 1 when a loss or a returned array was NaN/inf
 TRAIN_TIME = "train-time"  # float metric: seconds spent in local_train (data prep + steps)
 EVAL_BATCH = 1000
@@ -69,6 +81,7 @@ class TrainConfig:
     seed: int = 0
     server_round: int = 1
     partition_id: int = 0
+    participation: float = 1.0  # C of FedHBM's momentum C (a_i - theta_k)
 
     def __post_init__(self) -> None:
         if self.algorithm not in P.ALGORITHMS:
@@ -211,6 +224,25 @@ def _loss_before(model: nn.Module, x: np.ndarray, y: np.ndarray, mean: Sequence[
 
 
 # --------------------------------------------------------------------------- local training
+def _per_param(
+    model: nn.Module, names: list[str], params: list[torch.Tensor], arrays: Mapping[str, Any] | Sequence[Any] | None,
+    what: str, device: torch.device,
+) -> list[torch.Tensor] | None:
+    """One tensor per trainable parameter (in ``params`` order, on ``device``) from arrays keyed like the model."""
+    if arrays is None:
+        return None
+    named = _as_named(model.state_dict(), arrays, what)
+    return [torch.as_tensor(np.asarray(named[k]) if not torch.is_tensor(named[k]) else named[k]).to(device, p.dtype)
+            for k, p in zip(names, params)]
+
+
+def _ghbm_term(cfg: TrainConfig, param: torch.Tensor, extra: list[torch.Tensor] | None, i: int) -> Any:
+    """m of this step: GHBM's / LocalGHBM's fixed m, FedHBM's C (a_i - theta_k), or 0 without momentum."""
+    if extra is None:
+        return 0.0
+    return fedhbm_momentum(extra[i], param, cfg.participation) if cfg.algorithm == "fedhbm" else extra[i]
+
+
 def local_train(
     model: nn.Module,
     x: np.ndarray,
@@ -220,10 +252,13 @@ def local_train(
     cfg: TrainConfig,
     correction: Mapping[str, Any] | Sequence[Any] | None = None,
     device: torch.device | None = None,
+    momentum_term: Mapping[str, Any] | Sequence[Any] | None = None,
+    anchor: Mapping[str, Any] | Sequence[Any] | None = None,
 ) -> TrainResult:
     """Run one round of local training on (x uint8 (n, 32, 32, 3), y int64) starting from ``model``'s weights.
 
-    ``correction`` is FedCM's server term per parameter (None = zero). The model is trained in place.
+    ``correction`` is FedCM's server term per parameter (None = zero); ``momentum_term`` GHBM's / LocalGHBM's m
+    and ``anchor`` FedHBM's a_i (None = zero momentum). The model is trained in place.
     """
     start_time = time.perf_counter()
     device = device or get_device()
@@ -244,11 +279,10 @@ def local_train(
     else:
         num_steps = num_local_steps(n, cfg.batch_size, cfg.local_epochs, cfg.local_steps)
     loss_before = _loss_before(model, x, y, mean, std, cfg, num_steps, generator, device)
-    corr = None
-    if cfg.algorithm == "fedcm" and correction is not None:
-        named = _as_named(model.state_dict(), correction, "fedcm correction")
-        corr = [torch.as_tensor(np.asarray(named[k]) if not torch.is_tensor(named[k]) else named[k])
-                .to(device, p.dtype) for k, p in zip(names, params)]
+    corr = _per_param(model, names, params, correction if cfg.algorithm == "fedcm" else None, "fedcm correction",
+                      device)
+    extra = _per_param(model, names, params, (anchor if cfg.algorithm == "fedhbm" else momentum_term)
+                       if cfg.algorithm in GHBM_FAMILY else None, f"{cfg.algorithm} momentum", device)
 
     model.train()
     losses: list[torch.Tensor] = []
@@ -269,6 +303,8 @@ def local_train(
                 if cfg.algorithm == "fedcm":
                     c = corr[i] if corr is not None else 0.0
                     p.copy_(fedcm_local_step(p, g, cfg.client_lr, cfg.momentum, c, num_steps))
+                elif cfg.algorithm in GHBM_FAMILY:
+                    p.copy_(ghbm_local_step(p, g, cfg.client_lr, cfg.momentum, _ghbm_term(cfg, p, extra, i), num_steps))
                 else:
                     if cfg.algorithm == "localupdate":
                         q[i] = localupdate_accumulate(q[i], g, float(weights[k]))

@@ -137,6 +137,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         if rnd % ckpt_every == 0 or rnd == num_rounds:
             meta, state_arrays = strategy.state_dict()
             checkpoint.save(run_dir, rnd, meta, state_arrays, cfg)
+            strategy.checkpoint_saved(rnd)
     plot_run(run_dir)
     final = {k: v.numpy() for k, v in arrays.items()}
     np.savez(run_dir / "final_model.npz", **final)

@@ -16,6 +16,7 @@ from client.partition import client_sizes, dirichlet_partition, label_histograms
 from client.train import evaluate, get_device, load_arrays
 from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay, UniformClientManager
 from strategies.base import ServerOptStrategy
+from strategies.ghbm import GHBM, FedHBM, LocalGHBM
 
 DECAY_KEYS = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
 SERVER_OPTIMIZER_KEYS = ("server_optimizer", "beta_1", "beta_2", "tau", "bias_correction")
@@ -55,6 +56,11 @@ def build_strategy(cfg: Mapping[str, Any], num_train: int | None = None) -> Serv
     name = s["name"]
     if name == "fedcm":
         return FedCM(momentum=float(s["momentum"]), **common)
+    if name == "ghbm":
+        return GHBM(momentum=float(s["momentum"]), tau=int(s["tau"]), **common)
+    if name in ("localghbm", "fedhbm"):
+        cls = LocalGHBM if name == "localghbm" else FedHBM
+        return cls(momentum=float(s["momentum"]), client_state_dir=client_state_dir(cfg), **common)
     common.update({k: s[k] for k in SERVER_OPTIMIZER_KEYS if k in s})  # Adam / Adagrad / Yogi (Reddi et al.)
     if name == "fedavgm":
         return FedAvgM(momentum=float(s["momentum"]), **common)
@@ -64,6 +70,15 @@ def build_strategy(cfg: Mapping[str, Any], num_train: int | None = None) -> Serv
         return LocalUpdate(theta=theta, local_steps=int(cfg["client"].get("local_steps", 0)), **common)
     return LocalUpdateDecay(theta=theta, local_steps=int(cfg["client"].get("local_steps", 0)),
                             **{k: s[k] for k in DECAY_KEYS}, **common)
+
+
+def client_state_dir(cfg: Mapping[str, Any]) -> str | None:
+    """Where LocalGHBM/FedHBM clients keep their files: ``client.state_dir``, else <run_dir>/client_state
+    (a node's ``node_config["client-state-dir"]`` overrides it; docs/ghbm.md)."""
+    state_dir = cfg.get("client", {}).get("state_dir")
+    if state_dir:
+        return str(state_dir)
+    return str(Path(cfg["run_dir"]) / "client_state") if cfg.get("run_dir") else None
 
 
 def initial_model(cfg: Mapping[str, Any]) -> ArrayRecord:

@@ -19,8 +19,9 @@ from client.partition import parse_alpha
 from strategies import math as fm
 from strategies.participation import make_schedule
 
-STRATEGIES = ("fedavgm", "fedcm", "localupdate", "localupdate_decay")
+STRATEGIES = ("fedavgm", "fedcm", "localupdate", "localupdate_decay", "ghbm", "localghbm", "fedhbm")
 FEDOPT_STRATEGIES = ("fedavgm", "localupdate", "localupdate_decay")  # accept strategy.server_optimizer
+GHBM_FAMILY = ("ghbm", "localghbm", "fedhbm")
 MODELS = ("cnn", "resnet20")
 DATASETS = ("cifar10", "cifar10_folder")
 TOY_DATASETS = ()
@@ -87,6 +88,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _check("strategy.client_lr", fm.check_lr, _require(cfg, "strategy.client_lr"), "client_lr")
     if name in ("fedavgm", "fedcm"):
         _check("strategy.momentum", fm.check_momentum, _require(cfg, "strategy.momentum"))
+    elif name in GHBM_FAMILY:
+        _validate_ghbm(cfg, name)
     else:
         _check("strategy.theta", fm.theta_weights, _require(cfg, "strategy.theta"), 1)
     _check("strategy.server_lr_schedule", fm.check_schedule, s.get("server_lr_schedule", "constant"),
@@ -161,6 +164,18 @@ def _validate_eval_train(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"'eval_train' must be true or false, got {cfg['eval_train']!r}")
     cfg.setdefault("eval_train_max_examples", 0)
     _positive_int(cfg, "eval_train_max_examples", 0)
+
+
+def _validate_ghbm(cfg: dict[str, Any], name: str) -> None:
+    """beta in [0, 1], GHBM's tau >= 1, the stateful clients' ``client.state_dir`` (null: <run_dir>/client_state)."""
+    _check("strategy.momentum", fm.check_ghbm_momentum, _require(cfg, "strategy.momentum"))
+    if name == "ghbm":
+        _check("strategy.tau", fm.check_tau, _require(cfg, "strategy.tau"))
+    state_dir = cfg.get("client", {}).get("state_dir")
+    if state_dir is not None:
+        if not isinstance(state_dir, str) or not state_dir:
+            raise ConfigError(f"'client.state_dir' must be a path or null, got {state_dir!r}")
+        cfg["client"]["state_dir"] = os.path.abspath(os.path.expanduser(state_dir))
 
 
 def _validate_trust(cfg: dict[str, Any]) -> None:

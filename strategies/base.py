@@ -57,7 +57,7 @@ class ServerOptStrategy(FedAvg):
         fm.check_lr(server_lr, "server_lr", allow_zero=self.algorithm != "fedcm")
         if client_lr is not None:
             fm.check_lr(client_lr, "client_lr")
-        fm.check_momentum(momentum)
+        self.check_momentum(momentum)
         fm.check_schedule(server_lr_schedule, schedule_param)
         self.server_lr = float(server_lr)
         self.client_lr = None if client_lr is None else float(client_lr)
@@ -75,6 +75,13 @@ class ServerOptStrategy(FedAvg):
         self.round_nodes: set[int] = set()
 
     # ----------------------------------------------------------------------- state
+    def check_momentum(self, momentum: float) -> None:
+        """Validate beta (in [0, 1) here; the GHBM family allows 1)."""
+        fm.check_momentum(momentum)
+
+    def checkpoint_saved(self, server_round: int) -> None:
+        """Hook: the run saved a checkpoint after ``server_round`` (stateful clients prune their files by it)."""
+
     def current_server_lr(self, server_round: int) -> float:
         """eta_t of round t from the base server lr and the schedule."""
         return float(fm.scheduled_lr(self.base_server_lr(), self.server_lr_schedule, self.schedule_param, server_round))

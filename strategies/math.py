@@ -13,6 +13,8 @@ validation and no defensive copies: callers validate once, at construction
 Seeds cited in docstrings:
 - seed 000: Zaccone et al., "On the Limits of Momentum in Decentralized and
   Federated Optimization" (FedAvgM Eq. 92, FedCM Eq. 101-102, Corollary B.12).
+- GHBM: Zaccone et al., "Communication-Efficient Heterogeneous FL with Generalized Heavy-Ball Momentum"
+  (seed 000 ref. [24]): GHBM, LocalGHBM, FedHBM (docs/ghbm.md).
 - seed 001: Charles & Konecny, "On the Outsized Importance of Learning Rates in
   Local Update Methods" (LocalUpdate Algorithms 1-2, Appendix A, Section 9).
 """
@@ -112,6 +114,68 @@ def fedcm_local_step(param: Any, grad: Any, client_lr: Any, momentum: Any, corre
 def fedcm_server_update(model: Params, delta: Params, server_lr: Any) -> Params:
     """FedCM server step: theta^t = theta^{t-1} - eta_t Delta^t (seed 000 Eq. 102)."""
     return [x - server_lr * d for x, d in zip(model, delta)]
+
+
+# --------------------------------------------------------------------------- GHBM family
+# Zaccone, Karimireddy, Masone, Ciccone, "Communication-Efficient Heterogeneous Federated Learning with
+# Generalized Heavy-Ball Momentum" (TMLR 2025; seed 000 ref. [24], Section III-F). Clients take
+# theta <- theta - eta_l grad - (beta / J) m at each of their J local steps; the server steps
+# theta^t = theta^{t-1} - eta_t Delta^t. The three variants differ only in where m comes from.
+def check_ghbm_momentum(momentum: Any, name: str = "momentum") -> None:
+    """Raise ValueError unless every momentum value lies in [0, 1] (FedHBM uses beta = 1)."""
+    value = np.asarray(momentum, dtype=float)
+    if not np.all(np.isfinite(value)) or np.any(value < 0.0) or np.any(value > 1.0):
+        raise ValueError(f"{name} must lie in [0, 1], got {momentum!r}")
+
+
+def check_tau(tau: Any, name: str = "tau") -> int:
+    """GHBM's tau: an integer >= 1 (returned as int)."""
+    try:
+        ok = not isinstance(tau, bool) and float(tau).is_integer() and int(tau) >= 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be an integer >= 1, got {tau!r}")
+    return int(tau)
+
+
+def ghbm_has_momentum(server_round: Any, tau: Any) -> Any:
+    """GHBM sends a zero momentum in rounds 1..tau (theta^{t-1-tau} does not exist yet): t > tau."""
+    return np.asarray(server_round) > tau
+
+
+def ghbm_momentum(anchor: Params, model: Params, tau: Any) -> Params:
+    """Generalized heavy-ball momentum m = (anchor - theta^{t-1}) / tau.
+
+    GHBM(tau): anchor = theta^{t-1-tau}, the global model tau rounds earlier (server side).
+    LocalGHBM: anchor = the global model the client received at its previous participation and
+    tau = tau_i, the rounds since then (client side); under cyclic participation with period p,
+    tau_i = p and LocalGHBM is GHBM(tau = p). tau = 1 is classical heavy-ball momentum.
+    """
+    return [(a - x) / tau for a, x in zip(anchor, model)]
+
+
+def ghbm_local_step(param: Any, grad: Any, client_lr: Any, momentum: Any, term: Any, local_steps: int) -> Any:
+    """One local step of the GHBM family on one tensor: theta - eta_l grad - (beta / J) m.
+
+    ``term`` is m: :func:`ghbm_momentum` (GHBM, LocalGHBM; fixed during the round) or
+    :func:`fedhbm_momentum` (FedHBM; recomputed at every step). J = the client's local steps.
+    """
+    return param - client_lr * grad - (momentum / local_steps) * term
+
+
+def fedhbm_momentum(anchor: Any, param: Any, participation: Any) -> Any:
+    """FedHBM's per-step momentum on one tensor: m_{i,k} = C (a_i - theta_{i,k}).
+
+    a_i is the client's own final local model of its previous participation, C the participation
+    fraction (1/C estimates the rounds between two participations).
+    """
+    return participation * (anchor - param)
+
+
+def ghbm_server_update(model: Params, delta: Params, server_lr: Any) -> Params:
+    """Server step of the GHBM family: theta^t = theta^{t-1} - eta_t Delta^t (as FedCM, Eq. 102)."""
+    return fedcm_server_update(model, delta, server_lr)
 
 
 # --------------------------------------------------------------------------- SGD / LocalUpdate

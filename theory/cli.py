@@ -8,11 +8,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
 
-EXPERIMENTS = ("table1", "table2", "limit-cycle", "rates", "local-steps", "surrogate", "spectrum")
+EXPERIMENTS = ("table1", "table2", "limit-cycle", "rates", "local-steps", "surrogate", "spectrum")  # `all`
+GHBM_POINT = {  # flower-theory ghbm-point options: (default, converter, check, message)
+    "tau": (1, int, lambda v: v >= 1, "--tau must be an integer >= 1"),
+    "momentum": (0.9, float, lambda v: 0.0 <= v <= 1.0, "--momentum must lie in [0, 1]"),
+    "server_lr": (1.0, float, lambda v: v >= 0.0, "--server-lr must be a number >= 0"),
+    "client_lr": (0.1, float, lambda v: v >= 0.0, "--client-lr must be a number >= 0"),
+    "J": (1, int, lambda v: v >= 1, "--J must be an integer >= 1"),
+    "G": (10.0, float, math.isfinite, "--G must be a finite number"),
+    "theta0": (0.0, float, math.isfinite, "--theta0 must be a finite number"),
+    "mu": (2.0, float, lambda v: math.isfinite(v) and v >= 0.0, "--mu must be a finite number >= 0"),
+    "rounds": (1000, int, lambda v: v >= 1, "--rounds must be an integer >= 1"),
+}
 
 
 def _positive_int(text: str) -> int:
@@ -46,12 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
         "local-steps": "seed 000 Eq. 5-7: FedAvgM vs FedCM with J local steps",
         "surrogate": "seed 001 Sections 3-4: surrogate vs true minimizer, LocalUpdate",
         "spectrum": "seed 001 Lemma 11 / Corollary 13 / Theorem 4",
+        "ghbm": "GHBM(tau), LocalGHBM, FedHBM vs FedAvgM/FedCM: Table I, limit cycle, Thm III.6 rates",
+        "ghbm-point": "one GHBM(tau) configuration on Lemma III.4's problem: prints theta^R as one JSON line",
         "all": "run every experiment",
     }
     for name, text in helps.items():
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--out", default="outputs/theory", help="output directory (default: %(default)s)")
-        if name in ("table1", "table2", "rates", "limit-cycle", "local-steps", "all"):
+        if name in ("table1", "table2", "rates", "limit-cycle", "local-steps", "ghbm", "all"):
             p.add_argument("--T", type=_positive_int, default=None, help="number of rounds (paper defaults)")
         if name == "surrogate":
             p.add_argument("--example", choices=("two-point", "figure1"), default=None)
@@ -59,11 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--K", type=_positive_int, default=None, help="local steps K(Theta)")
             p.add_argument("--theta", choices=("fedavg", "fomaml"), default=None)
             p.add_argument("--rounds", type=_positive_int, default=2000, help="LocalUpdate rounds")
+        if name == "ghbm-point":  # parsed as text and checked in _ghbm_point (one-line errors)
+            for key, (default, _, _, _) in GHBM_POINT.items():
+                p.add_argument(f"--{key.replace('_', '-')}", dest=key, default=str(default), metavar=key.upper())
     return parser
 
 
 def _runners(args: argparse.Namespace) -> dict[str, Callable[[], dict]]:
-    from theory.experiments import seed000, spectrum, surrogate, tables
+    from theory.experiments import ghbm_report, seed000, spectrum, surrogate, tables
 
     T = getattr(args, "T", None)
 
@@ -78,6 +95,7 @@ def _runners(args: argparse.Namespace) -> dict[str, Callable[[], dict]]:
         "local-steps": lambda: seed000.run_local_steps(args.out, **kw(20_000)),
         "surrogate": lambda: surrogate.run_surrogate(args.out, rounds=getattr(args, "rounds", 2000)),
         "spectrum": lambda: spectrum.run_spectrum(args.out),
+        "ghbm": lambda: ghbm_report.run_ghbm(args.out, **kw(10**6)),
     }
 
 
@@ -100,6 +118,8 @@ def _summary(name: str, payload: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.experiment == "ghbm-point":
+        return _ghbm_point(args)
     if args.experiment == "surrogate" and any(
         getattr(args, k) is not None for k in ("example", "gamma", "K", "theta")
     ):
@@ -134,6 +154,26 @@ def _surrogate_point(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     out.mkdir(parents=True, exist_ok=True)
     (out / "surrogate_point.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
+    return 0
+
+
+def _ghbm_point(args: argparse.Namespace) -> int:
+    """Validate every option (exit 2 with one line naming it), run, print one JSON line."""
+    from theory.experiments import ghbm
+
+    values = {}
+    for key, (_, convert, check, message) in GHBM_POINT.items():
+        text = getattr(args, key)
+        try:
+            value = convert(float(text)) if convert is int and float(text).is_integer() else convert(text)
+            ok = bool(check(value))
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            print(f"flower-theory ghbm-point: {message}, got {text!r}", file=sys.stderr)
+            raise SystemExit(2)
+        values[key] = value
+    print(json.dumps(ghbm.point(**values)))
     return 0
 
 

@@ -94,6 +94,34 @@ def fedcm_client(
     return local
 
 
+def ghbm_client(
+    theta: Any, grad: Callable[[Any], Any], client_lr: Any, momentum: Any, term: Any, local_steps: int
+) -> Any:
+    """GHBM / LocalGHBM client: J steps theta - eta_l grad - (beta / J) m with the round's fixed m."""
+    local = theta
+    for _ in range(local_steps):
+        local = fm.ghbm_local_step(local, grad(local), client_lr, momentum, term, local_steps)
+    return local
+
+
+def fedhbm_client(
+    theta: Any,
+    grad: Callable[[Any], Any],
+    client_lr: Any,
+    momentum: Any,
+    anchor: Any,
+    participation: Any,
+    local_steps: int,
+    has_state: Any = True,
+) -> Any:
+    """FedHBM client: J steps with m_k = C (a_i - theta_k); ``has_state`` False (or a 0/1 lane mask) = no momentum."""
+    local = theta
+    for _ in range(local_steps):
+        term = fm.fedhbm_momentum(anchor, local, participation) * has_state
+        local = fm.ghbm_local_step(local, grad(local), client_lr, momentum, term, local_steps)
+    return local
+
+
 def server_lrs(base_lr: Any, schedule: str, param: Any, t: Any) -> Any:
     """eta_t for an array of rounds via the shared :func:`strategies.math.scheduled_lr`."""
     fm.check_schedule(schedule, param if param is not None else 1.0)

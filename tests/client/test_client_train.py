@@ -152,3 +152,30 @@ def test_localupdate_theta_preset_takes_k_from_steps(client_data) -> None:
     res = _train(_model(), client_data, algorithm="localupdate", client_lr=0.01, theta="fedavg", local_epochs=2,
                  batch_size=16)
     assert res.metrics[P.NUM_STEPS] == 6  # K = E * ceil(40 / 16)
+
+
+def test_ghbm_momentum_moves_the_model_by_beta_m_over_the_round(client_data) -> None:
+    """lr = 0: J steps of - (beta / J) m move the model by exactly - beta m (GHBM and LocalGHBM share the step)."""
+    for algorithm in ("ghbm", "localghbm"):
+        model = _model()
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        m = {k: np.full(v.shape, 0.02, dtype=np.float32) for k, v in start.items()}
+        res = local_train(model, *client_data, MEAN, STD, TrainConfig(algorithm=algorithm, client_lr=0.0,
+                          momentum=0.5, local_steps=4, batch_size=8), momentum_term=m, device=CPU)
+        for k, v in res.arrays.items():
+            torch.testing.assert_close(v, start[k] - 0.5 * 0.02, rtol=0, atol=1e-6)
+    plain = _train(_model(), client_data, algorithm="fedavgm", client_lr=0.05, local_steps=3, batch_size=8)
+    first = _train(_model(), client_data, algorithm="ghbm", client_lr=0.05, momentum=0.9, local_steps=3, batch_size=8)
+    for k in plain.arrays:  # no momentum term (a first participation) is plain SGD, bitwise
+        assert torch.equal(plain.arrays[k], first.arrays[k])
+
+
+def test_fedhbm_step_pulls_away_from_its_anchor(client_data) -> None:
+    """lr = 0, J = 1: theta - (beta C / J)(a - theta) with the anchor a_i of the previous participation."""
+    model = _model()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    anchor = {k: (v + 1.0).numpy() for k, v in start.items()}
+    res = local_train(model, *client_data, MEAN, STD, TrainConfig(algorithm="fedhbm", client_lr=0.0, momentum=1.0,
+                      local_steps=1, batch_size=8, participation=0.1), anchor=anchor, device=CPU)
+    for k, v in res.arrays.items():
+        torch.testing.assert_close(v, start[k] - 0.1 * 1.0, rtol=0, atol=1e-6)

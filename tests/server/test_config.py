@@ -20,6 +20,10 @@ def composed(*overrides):
         ("fedavg_resnet20", ("fedavgm", "resnet20", 1.0, 0.5, 0.0)),
         ("fedcm_cnn", ("fedcm", "cnn", 0.1, 0.1, 0.9)),
         ("fedcm_resnet20", ("fedcm", "resnet20", 1.0, 0.1, 0.9)),
+        ("ghbm_cnn", ("ghbm", "cnn", 1.0, 0.1, 0.9)),
+        ("ghbm_resnet20", ("ghbm", "resnet20", 1.0, 0.01, 0.9)),
+        ("fedhbm_cnn", ("fedhbm", "cnn", 1.0, 0.1, 1.0)),
+        ("fedhbm_resnet20", ("fedhbm", "resnet20", 1.0, 0.01, 1.0)),
     ],
 )
 def test_paper_presets_hold_appendix_a_values(preset, expected, tiny_data):
@@ -31,7 +35,8 @@ def test_paper_presets_hold_appendix_a_values(preset, expected, tiny_data):
     config_lib.validate(cfg)
 
 
-@pytest.mark.parametrize("group", ["fedavg", "fedavgm", "fedcm", "localupdate", "localupdate_decay"])
+@pytest.mark.parametrize("group", ["fedavg", "fedavgm", "fedcm", "localupdate", "localupdate_decay", "ghbm",
+                                   "localghbm", "fedhbm"])
 def test_every_strategy_group_validates(group, tiny_data):
     cfg = config_lib.validate(composed(f"strategy={group}", f"data.root={tiny_data['folder']}"))
     assert cfg["data"]["root"].startswith("/")
@@ -59,6 +64,10 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["backend.address=auto", "backend.init_num_cpus=2"], "backend.init_num_cpus"),
         (["num_clients=200", "participation.fraction=0.5"], "num_clients"),
         (["data.cache_dir=/proc/version/cache"], "data.cache_dir"),
+        (["strategy=ghbm", "strategy.tau=0"], "strategy.tau"),
+        (["strategy=ghbm", "strategy.momentum=1.5"], "strategy.momentum"),
+        (["strategy=fedhbm", "strategy.momentum=-1"], "strategy.momentum"),
+        (["strategy=localghbm", "client.state_dir=''"], "client.state_dir"),
     ],
 )
 def test_invalid_values_name_the_key(overrides, key, tiny_data):
@@ -83,3 +92,19 @@ def test_gpu_share_defaults_to_auto_and_is_zero_without_cuda():
     assert cfg["backend"]["num_gpus"] is None
     expected = 0.25 if torch.cuda.is_available() else 0.0
     assert backend_config(cfg)["client_resources"]["num_gpus"] == expected
+
+
+@pytest.mark.parametrize("preset, tau, weight_decay", [("ghbm_cnn", 10, 1e-4), ("ghbm_resnet20", 10, 1e-5),
+                                                        ("fedhbm_cnn", None, 1e-4), ("fedhbm_resnet20", None, 1e-5)])
+def test_ghbm_presets_hold_the_authors_values_and_build_their_strategy(preset, tau, weight_decay, tiny_data):
+    from server.build import build_strategy
+
+    cfg = config_lib.validate(composed(f"+experiment={preset}", f"data.root={tiny_data['tarball']}"))
+    assert cfg["strategy"].get("tau") == tau and cfg["client"]["weight_decay"] == weight_decay
+    assert (cfg["client"]["batch_size"], cfg["client"]["local_epochs"]) == (64, 1)
+    strategy = build_strategy(cfg)
+    assert strategy.algorithm == cfg["strategy"]["name"] and strategy.momentum == cfg["strategy"]["momentum"]
+    if tau is None:
+        assert strategy.client_state_dir == "/tmp/unused/client_state" and strategy.participation_fraction() == 0.1
+    else:
+        assert strategy.tau == tau

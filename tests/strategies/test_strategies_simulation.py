@@ -8,7 +8,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 from flwr.simulation import run_simulation
 
-from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay
+from strategies import GHBM, CyclicClientManager, FedAvgM, FedCM, FedHBM, LocalGHBM, LocalUpdate, LocalUpdateDecay
 
 pytestmark = pytest.mark.e2e
 NUM_NODES = 4
@@ -26,9 +26,12 @@ def trajectory_fn(store):
     return evaluate_fn
 
 
+GHBM_ROUNDS = 8
+
+
 @pytest.fixture(scope="module")
-def simulation_results():
-    results = {}
+def simulation_results(tmp_path_factory):
+    results = {"state_dir": tmp_path_factory.mktemp("client_state")}
 
     app = ServerApp()
 
@@ -56,6 +59,18 @@ def simulation_results():
             store = results.setdefault(name, {})
             strategy.start(grid, initial(), num_rounds=3, timeout=120, evaluate_fn=trajectory_fn(store))
             results[name + "/strategy"] = strategy
+        # the GHBM family; LocalGHBM under cyclic participation with p = 2 must equal GHBM(tau = 2)
+        state = {"client_state_dir": str(results["state_dir"])}
+        for name, strategy in [
+            ("ghbm", GHBM(server_lr=1.0, client_lr=0.1, momentum=0.9, tau=2, **cyclic)),
+            ("localghbm", LocalGHBM(server_lr=1.0, client_lr=0.1, momentum=0.9, **state, **cyclic)),
+            ("fedhbm", FedHBM(server_lr=1.0, client_lr=0.1, momentum=1.0, **state, **cyclic)),
+        ]:
+            strategy.client_manager = CyclicClientManager(NUM_NODES, 0.5, seed=3, wait_timeout=60)
+            store = results.setdefault(name, {})
+            results[name + "/result"] = strategy.start(grid, initial(), num_rounds=GHBM_ROUNDS, timeout=120,
+                                                       evaluate_fn=trajectory_fn(store))
+            results[name + "/strategy"] = strategy
         # a schedule over 6 partitions on 4 nodes: partitions 4 and 5 never connect and are skipped
         missing = FedAvgM(server_lr=1.0, momentum=0.0, client_lr=0.1, **cyclic)
         missing.client_manager = CyclicClientManager(6, 0.5, groups=[[0, 4, 5], [1, 2, 3]], wait_for=NUM_NODES)
@@ -77,11 +92,12 @@ def test_fedavgm_equals_flower_fedavgm_in_simulation(simulation_results):
     assert not np.allclose(ours[20][0], ours[0][0])  # the model moved
 
 
-@pytest.mark.parametrize("name", ["fedavgm", "fedcm", "localupdate", "localupdate_decay"])
+@pytest.mark.parametrize("name", ["fedavgm", "fedcm", "localupdate", "localupdate_decay", "ghbm", "localghbm",
+                                  "fedhbm"])
 def test_each_strategy_runs_three_cyclic_rounds(simulation_results, name):
     traj = simulation_results[name]
     strategy = simulation_results[name + "/strategy"]
-    assert sorted(traj) == [0, 1, 2, 3]
+    assert sorted(traj)[:4] == [0, 1, 2, 3]
     for t in (1, 2, 3):
         assert all(np.all(np.isfinite(a)) for a in traj[t])
         assert not all(np.allclose(a, b) for a, b in zip(traj[t], traj[t - 1]))
@@ -100,3 +116,21 @@ def test_missing_partitions_are_skipped_and_the_round_completes(simulation_resul
     metrics = simulation_results["missing"].train_metrics_clientapp
     assert metrics[1]["num-replies"] == 1 and metrics[2]["num-replies"] == 3
     assert metrics[1]["num-skipped"] == 2 and metrics[2]["num-skipped"] == 0
+
+
+def test_localghbm_under_cyclic_participation_equals_ghbm_tau_p(simulation_results):
+    """p = 1/C = 2: each client's anchor is theta^{t-3} and tau_i = 2, read back from its state files."""
+    ghbm, local, fedhbm = (simulation_results[k] for k in ("ghbm", "localghbm", "fedhbm"))
+    assert sorted(ghbm) == sorted(local) == list(range(GHBM_ROUNDS + 1))
+    for t in ghbm:
+        for a, b in zip(local[t], ghbm[t]):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(ghbm[GHBM_ROUNDS][0], ghbm[0][0])
+    assert any(not np.allclose(a, b) for a, b in zip(fedhbm[GHBM_ROUNDS], ghbm[GHBM_ROUNDS]))
+    for name in ("localghbm", "fedhbm"):  # clients used a stored state from their second participation on
+        metrics = simulation_results[name + "/result"].train_metrics_clientapp
+        assert [metrics[t]["state-rounds"] for t in (1, 2, 3, GHBM_ROUNDS)] == [0, 0, 2, 2]
+        assert all(metrics[t]["state-invalid"] == 0 for t in metrics)
+        run = simulation_results[name + "/strategy"].state_run
+        assert sorted(p.name for p in (simulation_results["state_dir"] / run).iterdir()) == [
+            f"partition-{i}" for i in range(NUM_NODES)]

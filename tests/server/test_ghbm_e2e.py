@@ -1,0 +1,78 @@
+"""`flower-simulation` with the stateful FedHBM clients: their node-local state survives rounds and a resume."""
+
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from conftest import BIN, run_cli, sim_args
+
+from server.results import read_metrics
+
+pytestmark = pytest.mark.e2e
+
+
+def state_files(run_dir):
+    """(partition, round, segment) of every client state file of the run."""
+    out = []
+    for path in sorted((run_dir / "client_state").glob("*/partition-*/r*.npz")):
+        name = path.stem  # r<round>-<segment>
+        out.append((path.parent.name, int(name[1:9]), name[10:]))
+    return out
+
+
+def test_fedhbm_client_state_survives_a_resume_bitwise(tiny_data, tmp_path):
+    """4 clients, cyclic p = 2, 4 rounds: every client's second participation (rounds 3, 4) uses the final local
+    model it stored in round 1 or 2. Killed after round 2 and resumed, the run ends with the bitwise-same model."""
+    extra = ["num_rounds=4", "strategy=fedhbm", "data.root=" + str(tiny_data["folder"])]
+    full = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "full", *extra))
+    assert full.returncode == 0, full.stderr[-2000:]
+    files = state_files(tmp_path / "full")
+    assert sorted({p for p, _, _ in files}) == [f"partition-{i}" for i in range(4)]
+    assert sorted(r for _, r, _ in files) == [1, 1, 2, 2, 3, 3, 4, 4] and len({s for _, _, s in files}) == 1
+
+    killed_dir = tmp_path / "killed"
+    cmd = [str(BIN / "flower-simulation"), *sim_args(tiny_data, killed_dir, *extra)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not any(r["round"] == 2 for r in read_metrics(killed_dir)):
+            time.sleep(0.2)
+        assert any(r["round"] == 2 for r in read_metrics(killed_dir)), "run never reached round 2"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert max(r["round"] for r in read_metrics(killed_dir)) < 4, "the run finished before it was killed"
+    resumed = run_cli("flower-simulation", sim_args(tiny_data, killed_dir, *extra, "resume=true"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resuming" in (killed_dir / "run.log").read_text()
+
+    a, b = np.load(tmp_path / "full" / "final_model.npz"), np.load(killed_dir / "final_model.npz")
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+    rows_a, rows_b = read_metrics(tmp_path / "full"), read_metrics(killed_dir)
+    assert [(r["round"], r["loss"], r.get("train_loss")) for r in rows_a] == [
+        (r["round"], r["loss"], r.get("train_loss")) for r in rows_b]
+    resumed_files = state_files(killed_dir)
+    assert len({run for run in os.listdir(killed_dir / "client_state")}) == 1  # one run id across the resume
+    assert len({s for _, _, s in resumed_files}) == 2  # states of the first and of the resumed server start
+    assert sorted(r for _, r, _ in resumed_files) == [1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_the_ghbm_family_runs_on_cifar_like_data(tiny_data, tmp_path):
+    """GHBM and LocalGHBM through the real ClientApp: LocalGHBM with p = 2 is bitwise GHBM(tau = 2) on CPU (the
+    client forms (anchor - theta^{t-1}) / 2 from its state with the same float32 arithmetic as the server)."""
+    models = {}
+    for name, extra in (("ghbm", ["strategy=ghbm", "strategy.tau=2"]), ("localghbm", ["strategy=localghbm"])):
+        run_dir = tmp_path / name
+        proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "num_rounds=4", *extra))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rows = read_metrics(run_dir)
+        assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]
+        assert all(r["num_replies"] == 2 and r["num_rejected"] == 0 for r in rows[1:])
+        with np.load(run_dir / "final_model.npz") as npz:
+            models[name] = {k: npz[k] for k in npz.files}
+    for key, value in models["ghbm"].items():
+        np.testing.assert_array_equal(models["localghbm"][key], value)
