@@ -5,7 +5,8 @@ sits in Ray's C++ code (``ray.init`` retrying a cluster, waiting on actors) whil
 the interpreter would wait for at exit, may be in a 600 s round timeout: an ordinary KeyboardInterrupt or
 ``sys.exit`` is then delayed for minutes, or lost. So :func:`exit_on_signals` routes both signals through
 ``signal.set_wakeup_fd`` (written by the C-level handler, whatever the main thread is doing) to a watcher
-thread, which prints one line, ends this process's descendants and exits with ``os._exit(128 + signal)``.
+thread, which prints one line, ends this process's descendants and exits with ``os._exit(128 + signal)``. The
+Python-level handler writes to the same pipe, in case a library took the wakeup fd over (an event loop may).
 
 Nothing is lost that a resume needs: metrics rows are flushed as they are written and checkpoints are
 replaced atomically. The descendants are a local Ray: GCS and raylet die with the driver (Ray fate-shares
@@ -54,8 +55,13 @@ def exit_on_signals(message: str) -> Iterator[None]:
     os.set_blocking(write_fd, False)
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+
+    def on_signal(signum: int, frame: object) -> None:  # also tells the watcher, should the wakeup fd be taken
+        with contextlib.suppress(OSError):
+            os.write(write_fd, bytes([signum]))
+
     for sig in SIGNALS:
-        signal.signal(sig, _ignore_in_main_thread)  # Python-level no-op: the watcher acts
+        signal.signal(sig, on_signal)
     previous_hook = sys.unraisablehook
 
     def unraisable(info: Any) -> None:  # a signal's SystemExit inside a fork hook or finalizer: not news
@@ -73,6 +79,9 @@ def exit_on_signals(message: str) -> Iterator[None]:
         if _STOPPING.is_set() or (isinstance(err, (SystemExit, KeyboardInterrupt)) and _STOPPING.wait(2.0)):
             while True:
                 time.sleep(1.0)
+        if isinstance(err, KeyboardInterrupt) or (isinstance(err, SystemExit) and err.code in SIGNALS):
+            _STOPPING.set()  # a signal the watcher never heard of (e.g. Ray's SIGTERM handler): end it here
+            _exit(signal.SIGINT if isinstance(err, KeyboardInterrupt) else int(err.code), message)
         raise
     finally:
         sys.unraisablehook = previous_hook
@@ -82,10 +91,6 @@ def exit_on_signals(message: str) -> Iterator[None]:
         os.close(write_fd)  # the watcher reads EOF and returns
         watcher.join(timeout=5)
         os.close(read_fd)
-
-
-def _ignore_in_main_thread(signum: int, frame: object) -> None:
-    """Installed so that the C-level handler runs (and writes the wakeup fd); the watcher does the rest."""
 
 
 def _watch(read_fd: int, message: str) -> None:
