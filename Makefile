@@ -2,7 +2,8 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DATA   ?= $(abspath ../shared/data/cifar10-jpeg.tar.gz)
+DATA   ?=
+SHARED_DATA ?= $(abspath ../shared/data/cifar10-jpeg.tar.gz)
 ARGS   ?=
 
 .PHONY: setup run test theory bench clean
@@ -16,8 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Main job: a small CIFAR-10 experiment (defaults: FedAvg, CNN, 20 clients, alpha=1, cyclic C=0.25, 10 rounds).
+# Data: DATA if given, else $$FEDMOMENTUM_DATA, else SHARED_DATA when it exists, else torchvision's download
+# (server/data_choice.py; its choice is the first line of the output).
 run: setup
-	$(BIN)/flower-simulation data.root=$(DATA) $(ARGS)
+	$(BIN)/flower-simulation $$($(BIN)/python -m server.data_choice --data "$(DATA)" --shared "$(SHARED_DATA)" -- $(ARGS)) $(ARGS)
 
 test: setup
 	$(BIN)/ruff check .

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,33 +32,46 @@ from strategies.participation import CyclicSchedule
 NUM_CLIENTS, FRACTION, BATCH, SEED = 100, 0.1, 64, 0
 
 
-def plain_loop(data: Path, cache: Path, rounds: int) -> list[float]:
-    """Seconds per round of the same work without Flower."""
-    torch.set_num_threads(os.cpu_count() or 1)
-    torch.manual_seed(SEED)
+@dataclass
+class PlainRun:
+    """What the plain loop measured: seconds per round, the final weights, and each client's training."""
+
+    seconds: list[float]
+    weights: list[np.ndarray]
+    client_images: list[int] = field(default_factory=list)  # examples x epochs of each client trained
+    client_seconds: list[float] = field(default_factory=list)  # its train-time
+
+
+def plain_loop(data: Path, cache: Path, rounds: int, model: str = "cnn", server_lr: float = 1.5,
+               client_lr: float = 0.01, threads: int | None = None, alpha: float = 0.0) -> PlainRun:
+    """The same rounds without Flower: clients one after another in this process, FedAvg on the server."""
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    torch.manual_seed(SEED)  # theta^0 exactly as server.build.initial_model makes it
     from client.models import build_model
 
-    model = build_model("cnn")
-    keys = list(model.state_dict())
-    weights = [v.numpy().copy() for v in model.state_dict().values()]
+    state = build_model(model).state_dict()
+    keys = list(state)
+    weights = [v.numpy().copy() for v in state.values()]
     schedule = CyclicSchedule(NUM_CLIENTS, FRACTION, SEED)
     cfg = {
-        "model": "cnn", "dataset": "cifar10_folder", "data-root": str(data), "cache-dir": str(cache),
-        "num-partitions": NUM_CLIENTS, "alpha": 0.0, "partition-seed": SEED, "seed": SEED, "batch-size": BATCH,
-        "local-epochs": 1, "local-steps": 0, "algorithm": "fedavgm", "client-lr": 0.01, "momentum": 0.0,
+        "model": model, "dataset": "cifar10_folder", "data-root": str(data), "cache-dir": str(cache),
+        "num-partitions": NUM_CLIENTS, "alpha": alpha, "partition-seed": SEED, "seed": SEED, "batch-size": BATCH,
+        "local-epochs": 1, "local-steps": 0, "algorithm": "fedavgm", "client-lr": client_lr, "momentum": 0.0,
     }
-    times = []
+    run = PlainRun([], weights)
     for rnd in range(1, rounds + 1):
         t0 = time.perf_counter()
         replies, sizes = [], []
         for pid in schedule.clients_for_round(rnd):
-            arrays, metrics = train_on_partition({**cfg, "server-round": rnd}, dict(zip(keys, weights)), pid)
+            arrays, metrics = train_on_partition({**cfg, "server-round": rnd}, dict(zip(keys, run.weights)), pid)
             replies.append([arrays[k] for k in keys])
             sizes.append(metrics["num-examples"])
-        delta = fm.model_delta(weights, fm.weighted_mean(replies, sizes))
-        weights = fm.fedavgm_server_update(weights, weights, delta, 1.5, 0.0)
-        times.append(time.perf_counter() - t0)
-    return times
+            run.client_images.append(int(metrics["num-examples"]))
+            run.client_seconds.append(float(metrics["train-time"]))
+        delta = fm.model_delta(run.weights, fm.weighted_mean(replies, sizes))
+        run.weights = fm.fedavgm_server_update(run.weights, run.weights, delta, server_lr, 0.0)
+        run.seconds.append(time.perf_counter() - t0)
+    return run
 
 
 def simulation(data: Path, cache: Path, rounds: int, out: Path) -> list[float]:
@@ -85,7 +99,7 @@ def main() -> None:
     if not data.exists():
         parser.error(f"--data: no CIFAR-10 folder or .tar.gz at {data}")
     cache = args.cache or Path(os.environ.get("FEDMOMENTUM_CACHE", Path.home() / ".cache" / "fedmomentum"))
-    plain = plain_loop(data, cache, args.rounds)
+    plain = plain_loop(data, cache, args.rounds).seconds
     with tempfile.TemporaryDirectory() as tmp:
         sim = simulation(data, cache, args.rounds, Path(tmp) / "run")
     p, s = statistics.median(plain[1:]), statistics.median(sim[1:])

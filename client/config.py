@@ -26,7 +26,7 @@ BATCH_SIZE = "batch-size"  # int: B
 WEIGHT_DECAY = "weight-decay"  # float: wd (adds wd * theta to every gradient)
 SEED = "seed"  # int: base seed of batch order and augmentation (combined with round and partition)
 AUGMENT = "augment"  # bool: random crop + flip during local training
-LOSS_BEFORE_BATCHES = "loss-before-batches"  # int: 0 = full pass over the client's data for "loss-before"
+LOSS_BEFORE_BATCHES = "loss-before-batches"  # int: "loss-before" on 0 = the round's examples, k = k batches, -1 = all
 EVAL_SPLIT = "eval-split"  # str: "test" (this partition's IID shard of the test split) | "train" (its train data)
 EVAL_MAX_EXAMPLES = "eval-max-examples"  # int: 0 = all examples of the chosen split
 TORCH_THREADS = "torch-threads"  # int: torch.set_num_threads when > 0

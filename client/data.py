@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import tarfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,7 @@ def load_dataset(
         if not root.exists():
             raise FileNotFoundError(f"dataset source not found: {root}")
         source = root
-    entry = Path(cache_dir or default_cache_dir()).expanduser().absolute() / f"{name}-{_source_key(name, source)}"
+    entry = cache_entry(name, source, cache_dir)
     if not (entry / "meta.json").exists():
         entry.mkdir(parents=True, exist_ok=True)
         with _locked(entry / ".lock"):
@@ -105,6 +106,11 @@ def normalisation_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, 
 
 
 # --------------------------------------------------------------------------- cache entry
+def cache_entry(name: str, source: Path, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The cache folder of ``source`` (complete once it holds ``meta.json``)."""
+    return Path(cache_dir or default_cache_dir()).expanduser().absolute() / f"{name}-{_source_key(name, source)}"
+
+
 def _source_key(name: str, source: Path) -> str:
     """Hash of path, size and mtime of the source (for a directory: of every split and class directory)."""
     parts = [f"v{CACHE_VERSION}", name, str(source)]
@@ -172,14 +178,27 @@ def _torchvision_source(root: Path, download: bool) -> Path:
     if not batches.is_dir():
         if not download:
             raise FileNotFoundError(f"CIFAR-10 (torchvision format) not found under {root} and download=False")
-        from torchvision.datasets import CIFAR10
+        with quiet_torchvision():
+            from torchvision.datasets import CIFAR10
 
         CIFAR10(str(root), train=True, download=True)
     return batches
 
 
+@contextlib.contextmanager
+def quiet_torchvision() -> Iterator[None]:
+    """Use torchvision without its warning (at import and on every ``decode_jpeg``) that ``torchvision.io``
+    decoding is deprecated in favour of TorchCodec (0.29+): we decode JPEGs once per machine with the pinned
+    version, and users need not see it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
+                                category=DeprecationWarning)
+        yield
+
+
 def _decode_torchvision(root: Path) -> tuple[dict[str, np.ndarray], list[str]]:
-    from torchvision.datasets import CIFAR10
+    with quiet_torchvision():
+        from torchvision.datasets import CIFAR10
 
     train, test = CIFAR10(str(root), train=True), CIFAR10(str(root), train=False)
     arrays = {"x_train": np.ascontiguousarray(train.data, dtype=np.uint8),
@@ -212,10 +231,9 @@ def _decode_folder(source: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     files = _iter_folder(source) if source.is_dir() else _iter_tar(source)
     by_split: dict[str, dict[str, list[tuple[str, bytes]]]] = {"train": {}, "test": {}}
     for name, blob in files:
-        parts = [p for p in name.split("/") if p not in ("", ".")]
-        # accept an optional top-level directory: [top/]split/class/file
-        if len(parts) >= 3 and parts[-3] in by_split and Path(parts[-1]).suffix.lower() in IMAGE_SUFFIXES:
-            by_split[parts[-3]].setdefault(parts[-2], []).append((name, blob))
+        key = split_and_class(name)
+        if key is not None:
+            by_split[key[0]].setdefault(key[1], []).append((name, blob))
     if not by_split["train"] or not by_split["test"]:
         raise ValueError(f"{source} has no train/<class>/<image> and test/<class>/<image> files")
     classes = sorted(set(by_split["train"]) | set(by_split["test"]))
@@ -231,18 +249,33 @@ def _decode_folder(source: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     return arrays, classes
 
 
+def split_and_class(name: str) -> tuple[str, str] | None:
+    """("train" | "test", class) of an image path inside an ImageFolder tree, or None for any other file.
+
+    The layout rule of every ImageFolder source: ``[top/]split/class/image`` (an optional top-level directory).
+    """
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if len(parts) >= 3 and parts[-3] in ("train", "test") and Path(parts[-1]).suffix.lower() in IMAGE_SUFFIXES:
+        return parts[-3], parts[-2]
+    return None
+
+
 def decode_images(blobs: list[bytes], size: int = 32) -> np.ndarray:
     """Decode encoded images to (N, size, size, 3) uint8: libjpeg-turbo batches via torchvision (~6x faster
     than PIL per image here, identical pixels), PIL for other formats. Images must already be size x size."""
     import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
+
+    with quiet_torchvision():
+        from torchvision.io import ImageReadMode, decode_jpeg
 
     out = np.empty((len(blobs), size, size, 3), dtype=np.uint8)
     jpeg = [i for i, b in enumerate(blobs) if b[:3] == b"\xff\xd8\xff"]
     for start in range(0, len(jpeg), 4096):
         chunk = jpeg[start : start + 4096]
         tensors = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in chunk]
-        for i, img in zip(chunk, decode_jpeg(tensors, mode=ImageReadMode.RGB)):
+        with quiet_torchvision():  # it warns on every call
+            images = decode_jpeg(tensors, mode=ImageReadMode.RGB)
+        for i, img in zip(chunk, images):
             out[i] = _check_size(img.permute(1, 2, 0).numpy(), size, i)
     other = sorted(set(range(len(blobs))) - set(jpeg))
     if other:

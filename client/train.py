@@ -18,8 +18,11 @@ Conventions (documented once here):
   positive ``local_steps`` J (or K for LocalUpdate) walks through as many consecutive epochs as needed.
 - Weight decay wd adds wd * theta to every gradient (all three algorithms, so q includes it too).
 - The gradient is that of the mean cross-entropy of the batch.
-- "loss-before": mean cross-entropy of the received model on the client's train examples, without
-  augmentation, over one full pass, or over ``loss_before_batches`` * B evenly spaced examples when positive.
+- "loss-before": mean cross-entropy of the received model, without augmentation, on (``loss_before_batches``)
+  0 (default): the examples this round trains on (the union of its J batches: all n examples once the round
+  covers an epoch, J * B < n of them otherwise), so its cost is one forward pass per example trained on and
+  it is an unbiased estimate of the client's loss f_i(x) (seed 001 Section 9 calls the mean over the sampled
+  clients a "stochastic estimate of the true loss"); k > 0: k * B evenly spaced examples; -1: all n.
 - "train-loss": mean of the batch losses seen during the local steps (augmented data, pre-step weights).
 - Randomness (batch order, augmentation) comes from one CPU torch.Generator seeded by (seed, round,
   partition), so a CPU run is reproducible; the device (CUDA if available) is chosen once per process.
@@ -29,7 +32,9 @@ Conventions (documented once here):
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +61,7 @@ GHBM_FAMILY = ("ghbm", "localghbm", "fedhbm")
 NONFINITE = P.NONFINITE  # int metric: 1 when a loss or a returned array was NaN/inf
 TRAIN_TIME = "train-time"  # float metric: seconds spent in local_train (data prep + steps)
 EVAL_BATCH = 1000
+LOSS_BEFORE_ALL = -1  # loss_before_batches value: "loss-before" over every example of the client
 
 
 @dataclass
@@ -71,7 +77,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     theta: Sequence[float] | str | None = None
     augment: bool = True
-    loss_before_batches: int = 0
+    loss_before_batches: int = 0  # 0 = the round's examples, k > 0 = k evenly spaced batches, -1 = all
     seed: int = 0
     server_round: int = 1
     partition_id: int = 0
@@ -82,6 +88,8 @@ class TrainConfig:
             raise ValueError(f"algorithm must be one of {P.ALGORITHMS}, got {self.algorithm!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.loss_before_batches < LOSS_BEFORE_ALL:
+            raise ValueError(f"loss_before_batches must be >= {LOSS_BEFORE_ALL}, got {self.loss_before_batches}")
         if self.algorithm == "localupdate" and self.theta is None:
             raise ValueError("localupdate needs theta (its length is the number of local steps K)")
         needs_j = self.algorithm != "localupdate" or isinstance(self.theta, str)  # K from J, not len(theta)
@@ -99,6 +107,14 @@ class TrainResult:
 def get_device() -> torch.device:
     """CUDA when available, else CPU; decided once per process."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@lru_cache(maxsize=8)
+def _announce_accelerator(device: torch.device) -> None:
+    """Once per process and device, say that training runs on a GPU (benchmarks/gpu_check.py counts these)."""
+    if device.type == "cuda":
+        logging.getLogger("flwr").info("pid %d trains on %s (%s)", os.getpid(), device,
+                                       torch.cuda.get_device_name(device))
 
 
 def round_generator(seed: int, server_round: int, partition_id: int) -> torch.Generator:
@@ -178,6 +194,35 @@ def evaluate(
     return loss_sum / len(idx), correct / len(idx), len(idx)
 
 
+# --------------------------------------------------------------------------- loss before training
+def loss_before_indices(
+    num_examples: int, batch_size: int, num_steps: int, loss_before_batches: int, generator: torch.Generator
+) -> np.ndarray | None:
+    """Sorted indices of the examples "loss-before" is measured on; None means all of them.
+
+    The default (0) predicts the examples of the round's ``num_steps`` batches without consuming
+    ``generator``: fewer than one epoch of batches are the first J * B entries of the first permutation
+    that :func:`batch_indices` draws, which a copy of the generator reproduces.
+    """
+    if loss_before_batches == LOSS_BEFORE_ALL:
+        return None
+    if loss_before_batches > 0:
+        wanted = loss_before_batches * batch_size
+        return np.linspace(0, num_examples - 1, wanted).astype(np.int64) if wanted < num_examples else None
+    if num_steps * batch_size >= num_examples:  # the round covers at least one epoch
+        return None
+    peek = torch.Generator().set_state(generator.get_state())
+    return np.sort(torch.randperm(num_examples, generator=peek).numpy()[: num_steps * batch_size])
+
+
+def _loss_before(model: nn.Module, x: np.ndarray, y: np.ndarray, mean: Sequence[float], std: Sequence[float],
+                 cfg: TrainConfig, num_steps: int, generator: torch.Generator, device: torch.device) -> float:
+    idx = loss_before_indices(len(y), cfg.batch_size, num_steps, cfg.loss_before_batches, generator)
+    if idx is None:
+        return evaluate(model, x, y, mean, std, device=device)[0]
+    return evaluate(model, x[idx], np.asarray(y)[idx], mean, std, device=device)[0]
+
+
 # --------------------------------------------------------------------------- local training
 def _per_param(
     model: nn.Module, names: list[str], params: list[torch.Tensor], arrays: Mapping[str, Any] | Sequence[Any] | None,
@@ -218,12 +263,11 @@ def local_train(
     start_time = time.perf_counter()
     device = device or get_device()
     model.to(device)
+    _announce_accelerator(next(model.parameters()).device)
     x = np.ascontiguousarray(x)
     y_all = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
     n = len(y_all)
     generator = round_generator(cfg.seed, cfg.server_round, cfg.partition_id)
-
-    loss_before = evaluate(model, x, y, mean, std, cfg.loss_before_batches * cfg.batch_size, device)[0]
 
     names = [k for k, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -234,6 +278,7 @@ def local_train(
         q = [torch.zeros_like(p) for p in params]
     else:
         num_steps = num_local_steps(n, cfg.batch_size, cfg.local_epochs, cfg.local_steps)
+    loss_before = _loss_before(model, x, y, mean, std, cfg, num_steps, generator, device)
     corr = _per_param(model, names, params, correction if cfg.algorithm == "fedcm" else None, "fedcm correction",
                       device)
     extra = _per_param(model, names, params, (anchor if cfg.algorithm == "fedhbm" else momentum_term)

@@ -114,14 +114,34 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "client.local_epochs", 0 if int(c.get("local_steps", 0)) > 0 else 1)
     _positive_int(cfg, "client.local_steps", 0)
     _check("client.weight_decay", fm.check_lr, c.get("weight_decay", 0.0), "weight_decay")
+    if "loss_before_batches" in c:
+        _positive_int(cfg, "client.loss_before_batches", -1)
     _validate_trust(cfg)
     _validate_data(cfg, check_paths)
-    b = cfg.get("backend", {})
+    _validate_backend(cfg.get("backend", {}))
+    return cfg
+
+
+def _validate_backend(b: Mapping[str, Any]) -> None:
     if float(b.get("num_cpus", 1)) <= 0:
         raise ConfigError(f"'backend.num_cpus' must be positive, got {b.get('num_cpus')!r}")
     if b.get("num_gpus") is not None and float(b["num_gpus"]) < 0:
         raise ConfigError(f"'backend.num_gpus' must be >= 0 or null (auto), got {b['num_gpus']!r}")
-    return cfg
+    address = b.get("address")
+    if address is None or address == "local":
+        return
+    if not isinstance(address, str) or not (address == "auto" or _host_port(address)):
+        raise ConfigError(f"'backend.address' must be null (a fresh local Ray), 'auto' or HOST:PORT of a Ray "
+                          f"cluster's head, got {address!r}")
+    for key in ("init_num_cpus", "init_num_gpus"):
+        if b.get(key) is not None:
+            raise ConfigError(f"'backend.{key}' must be null with 'backend.address': a cluster's nodes declare "
+                              "their CPUs and GPUs at `ray start`")
+
+
+def _host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 def _validate_server_optimizer(cfg: dict[str, Any]) -> None:
@@ -187,10 +207,19 @@ def _validate_data(cfg: dict[str, Any], check_paths: bool) -> None:
         data["cache_dir"] = os.path.abspath(os.path.expanduser(str(data["cache_dir"])))
     if not check_paths:
         return
-    if name == "cifar10_folder" and not os.path.exists(root):
-        raise ConfigError(f"'data.root': no ImageFolder tree or .tar.gz at {root}")
-    if name == "cifar10" and not data.get("download") and not os.path.isdir(root):
-        raise ConfigError(f"'data.root': {root} does not exist and data.download is false")
+    from client import datacheck  # cheap: names and headers only, or the decode cache's meta.json
+
+    try:
+        datacheck.check_cache_dir(data.get("cache_dir"))
+    except datacheck.DataSourceError as err:
+        raise ConfigError(f"'data.cache_dir': {err}") from None
+    try:
+        summary = datacheck.check_source(name, root, data.get("cache_dir"), bool(data.get("download")))
+    except datacheck.DataSourceError as err:
+        raise ConfigError(f"'data.root': {err}") from None
+    if summary is not None and summary.num_train < int(cfg["num_clients"]):
+        raise ConfigError(f"'num_clients' = {cfg['num_clients']} is more than the {summary.num_train} training "
+                          f"examples of data.root {root}: every client needs at least one")
 
 
 def client_config(cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,9 +3,12 @@
     flower-simulation strategy=fedcm model=resnet20 num_rounds=100 data.root=/data/cifar10-jpeg.tar.gz
     flower-simulation +experiment=fedavg_cnn backend.num_gpus=0.25      # paper preset, 4 clients per GPU
     flower-simulation -m seed=0,1,2,3,4                                    # five seeds, one run dir each
+    flower-simulation backend.address=auto                                 # on the Ray cluster of `ray start`
 
-The config is validated before Ray starts; every simulated SuperNode owns one partition
-(``partition-id`` = its index), and the ServerApp runs :func:`server.app.run_experiment`.
+The config and the data are checked before Ray starts; every simulated SuperNode owns one partition
+(``partition-id`` = its index), and the ServerApp runs :func:`server.app.run_experiment`. Which Ray is used
+(a fresh local one unless ``backend.address`` names a cluster) is decided in :mod:`server.ray_cluster`;
+SIGINT/SIGTERM end the run in any phase (:mod:`server.stop`).
 """
 
 from __future__ import annotations
@@ -20,25 +23,31 @@ import hydra
 from omegaconf import DictConfig
 
 from server import config as config_lib
+from server import quiet, ray_cluster
+from server.stop import exit_on_signals
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 AUTO_CLIENTS_PER_GPU = 4
 
 
-def backend_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Ray resources: per-ClientApp ``num_cpus``/``num_gpus`` and Ray's totals (``ray.init`` arguments).
+def backend_config(cfg: dict[str, Any], address: str | None = None, gpus_visible: bool | None = None
+                   ) -> dict[str, Any]:
+    """Ray resources: per-ClientApp ``num_cpus``/``num_gpus`` and ``ray.init`` arguments.
 
-    ``num_gpus: null`` means auto: 1/4 GPU per client when CUDA is visible (4 clients share a GPU), else 0.
+    ``address`` is a resolved cluster address (None: ``"local"``, a fresh local Ray whatever ``RAY_ADDRESS``
+    or a ``ray start`` left behind). ``num_gpus: null`` means auto: 1/4 GPU per client when GPUs are visible
+    (``gpus_visible``; by default: CUDA on this machine), else 0.
     """
     b = cfg.get("backend", {})
-    init: dict[str, Any] = {}
+    init: dict[str, Any] = {"address": address or "local"}
     if b.get("init_num_cpus") is not None:
         init["num_cpus"] = int(b["init_num_cpus"])
     if b.get("init_num_gpus") is not None:
         init["num_gpus"] = int(b["init_num_gpus"])
     num_gpus = b.get("num_gpus")
     if num_gpus is None:  # auto: share each visible GPU between AUTO_CLIENTS_PER_GPU clients
-        num_gpus = 1.0 / AUTO_CLIENTS_PER_GPU if _cuda_available() else 0.0
+        visible = _cuda_available() if gpus_visible is None else gpus_visible
+        num_gpus = 1.0 / AUTO_CLIENTS_PER_GPU if visible else 0.0
     return {
         "client_resources": {"num_cpus": float(b.get("num_cpus", 1)), "num_gpus": float(num_gpus)},
         "init_args": init,
@@ -54,7 +63,17 @@ def _cuda_available() -> bool:
 def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     """Validate, then run ``cfg`` in Flower's Ray simulation; returns the run summary."""
     cfg = config_lib.validate(cfg)
-    _check_gpus(cfg)
+    quiet.install()
+    _prepare_data(cfg)
+    address = ray_cluster.resolve_address(cfg.get("backend", {}).get("address"))
+    if address is None:
+        _check_local_resources(cfg)
+        backend = backend_config(cfg)
+    else:
+        cluster = ray_cluster.inspect_cluster(
+            address, cfg, lambda gpus_visible: backend_config(cfg, address, gpus_visible)["client_resources"])
+        backend = backend_config(cfg, address, gpus_visible=cluster.num_gpus > 0)
+        _log(cluster.describe())
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     from flwr.simulation import run_simulation
@@ -68,7 +87,7 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
         client_app=client_app,
         num_supernodes=int(cfg["num_clients"]),
         backend_name="ray",
-        backend_config=backend_config(cfg),
+        backend_config=backend,
     )
     if "error" in result:
         raise result["error"]
@@ -77,12 +96,40 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _check_gpus(cfg: dict[str, Any]) -> None:
-    """Fail before Ray starts when clients ask for GPUs the machine does not have."""
-    want = float(cfg.get("backend", {}).get("num_gpus") or 0.0)
-    if want > 0:
-        if not _cuda_available():
-            raise config_lib.ConfigError(f"'backend.num_gpus'={want} but no CUDA device is visible")
+def _prepare_data(cfg: dict[str, Any]) -> None:
+    """Download torchvision's CIFAR-10 now, once, if asked to (not in every client at the same time)."""
+    d = cfg["data"]
+    if d["name"] != "cifar10" or not d.get("download"):
+        return
+    from client import datacheck
+
+    try:
+        datacheck.download_cifar10(d["root"])
+    except datacheck.DataSourceError as err:
+        raise config_lib.ConfigError(f"'data.download': {err} (offline? point data.root at an ImageFolder tree "
+                                     "or .tar.gz of CIFAR-10 with data=cifar10_folder)") from None
+    config_lib.validate(cfg)  # now the counts are known: num_clients against the examples
+
+
+def _log(text: str) -> None:
+    from flwr.common.logger import log
+
+    log(logging.INFO, text)
+
+
+def _check_local_resources(cfg: dict[str, Any]) -> None:
+    """Fail before Ray starts when one client asks for more than this machine (or init_num_*) offers:
+    Flower would otherwise build an empty actor pool and wait out every round's timeout."""
+    b = cfg.get("backend", {})
+    want_gpus = float(b.get("num_gpus") or 0.0)
+    if want_gpus > 0 and not _cuda_available():
+        raise config_lib.ConfigError(f"'backend.num_gpus'={want_gpus} but no CUDA device is visible")
+    if want_gpus > 0 and b.get("init_num_gpus") is not None and want_gpus > int(b["init_num_gpus"]):
+        raise config_lib.ConfigError(f"'backend.num_gpus'={want_gpus} is more than backend.init_num_gpus")
+    cpus = int(b["init_num_cpus"]) if b.get("init_num_cpus") is not None else (os.cpu_count() or 1)
+    if float(b.get("num_cpus", 1)) > cpus:
+        raise config_lib.ConfigError(f"'backend.num_cpus'={b.get('num_cpus')} is more than the {cpus} CPUs Ray "
+                                     "gets here (backend.init_num_cpus or all cores)")
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
@@ -92,8 +139,10 @@ def _hydra_main(cfg: DictConfig) -> None:
         root.removeHandler(handler)
     plain = config_lib.to_plain(cfg)
     plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
+    stopped = f"results so far are in {plain['run_dir']} (resume=true continues from the last checkpoint)"
     try:
-        summary = simulate(plain)
+        with exit_on_signals(stopped):
+            summary = simulate(plain)
     except config_lib.ConfigError as err:
         logging.getLogger("flower-simulation").error("invalid configuration: %s", err)
         print(f"flower-simulation: invalid configuration: {err}", file=sys.stderr)

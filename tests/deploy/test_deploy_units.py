@@ -56,10 +56,8 @@ def test_fab_is_small_and_holds_the_apps():
     (["deploy.root_certificates=/nonexistent/ca.crt"], "root_certificates"),
     (["deploy.fleet_port=-1"], "fleet_port"),
 ])
-def test_deploy_config_is_validated(tmp_path, extra, message):
-    data = {"folder": tmp_path, "cache": tmp_path / "cache"}
-    (tmp_path / "train").mkdir()
-    cfg = config_lib.validate(compose(overrides(data, tmp_path / "run", *extra)))
+def test_deploy_config_is_validated(tmp_path, deploy_data, extra, message):
+    cfg = config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", *extra)))  # data.root is checked
     with pytest.raises(config_lib.ConfigError, match=message):
         validate_deploy(cfg)
 

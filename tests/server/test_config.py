@@ -59,6 +59,11 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["client.batch_size=0"], "client.batch_size"),
         (["data=cifar10", "data.download=false", "data.root=/nonexistent"], "data.root"),
         (["strategy.server_lr_schedule=cosine"], "server_lr_schedule"),
+        (["client.loss_before_batches=-2"], "client.loss_before_batches"),
+        (["backend.address=somewhere"], "backend.address"),
+        (["backend.address=auto", "backend.init_num_cpus=2"], "backend.init_num_cpus"),
+        (["num_clients=200", "participation.fraction=0.5"], "num_clients"),
+        (["data.cache_dir=/proc/version/cache"], "data.cache_dir"),
         (["strategy=ghbm", "strategy.tau=0"], "strategy.tau"),
         (["strategy=ghbm", "strategy.momentum=1.5"], "strategy.momentum"),
         (["strategy=fedhbm", "strategy.momentum=-1"], "strategy.momentum"),
@@ -74,7 +79,10 @@ def test_invalid_values_name_the_key(overrides, key, tiny_data):
 def test_backend_resources_pass_to_ray():
     cfg = composed("backend.num_gpus=0.25", "backend.num_cpus=2", "backend.init_num_gpus=1")
     assert backend_config(cfg) == {"client_resources": {"num_cpus": 2.0, "num_gpus": 0.25},
-                                   "init_args": {"num_gpus": 1}}
+                                   "init_args": {"address": "local", "num_gpus": 1}}
+    joined = composed("backend.address=10.0.0.5:6379")
+    assert backend_config(joined, "10.0.0.5:6379", gpus_visible=True) == {
+        "client_resources": {"num_cpus": 1.0, "num_gpus": 0.25}, "init_args": {"address": "10.0.0.5:6379"}}
 
 
 def test_gpu_share_defaults_to_auto_and_is_zero_without_cuda():

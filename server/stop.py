@@ -1,0 +1,159 @@
+"""Ctrl-C (SIGINT) and SIGTERM end ``flower-simulation`` at once, in any phase.
+
+A Python signal handler runs only when the main thread executes Python code. During a run the main thread
+sits in Ray's C++ code (``ray.init`` retrying a cluster, waiting on actors) while the ServerApp thread, which
+the interpreter would wait for at exit, may be in a 600 s round timeout: an ordinary KeyboardInterrupt or
+``sys.exit`` is then delayed for minutes, or lost. So :func:`exit_on_signals` routes both signals through
+``signal.set_wakeup_fd`` (written by the C-level handler, whatever the main thread is doing) to a watcher
+thread, which prints one line, ends this process's descendants and exits with ``os._exit(128 + signal)``. The
+Python-level handler writes to the same pipe, in case a library took the wakeup fd over (an event loop may).
+
+Nothing is lost that a resume needs: metrics rows are flushed as they are written and checkpoints are
+replaced atomically. The descendants are a local Ray: GCS and raylet die with the driver (Ray fate-shares
+them), but the raylet's own children (dashboard and runtime-env agents, idle workers) were seen to outlive it
+by minutes, so :func:`end_descendants` kills the whole tree, by PID. A joined cluster's processes are not
+descendants and are left alone: the cluster ends the actors of a driver that disconnects.
+
+Two things of Ray's compete for SIGTERM in the driver: ``ray.init`` installs a Python handler that raises
+SystemExit in the main thread (the block then waits for the watcher instead of printing a traceback, and a
+SystemExit raised where Python can only report it, e.g. in a fork hook, is not reported), and
+Ray's C++ core worker installs absl's failure-signal handler, which kills the process with the default action
+right after our handler ran; ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1`` (set by :func:`exit_on_signals` unless
+already set) keeps it out of this process and of the local Ray it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from server.procs import process_table
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_STOPPING = threading.Event()  # set by the watcher as soon as a signal arrived
+SWEEP_TIMEOUT = 3.0  # seconds the watcher waits for end_descendants before exiting anyway
+
+
+@contextlib.contextmanager
+def exit_on_signals(message: str) -> Iterator[None]:
+    """Within the block, SIGINT/SIGTERM print ``<program>: stopped by <SIG>; <message>`` and exit 130/143.
+
+    Only possible from the main thread; elsewhere (e.g. a test calling ``simulate`` from a thread) the
+    block runs with the process's own handlers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+
+    def on_signal(signum: int, frame: object) -> None:  # also tells the watcher, should the wakeup fd be taken
+        with contextlib.suppress(OSError):
+            os.write(write_fd, bytes([signum]))
+
+    for sig in SIGNALS:
+        signal.signal(sig, on_signal)
+    previous_hook = sys.unraisablehook
+
+    def unraisable(info: Any) -> None:  # a signal's SystemExit inside a fork hook or finalizer: not news
+        if not isinstance(info.exc_value, (SystemExit, KeyboardInterrupt)):
+            previous_hook(info)
+
+    sys.unraisablehook = unraisable
+    watcher = threading.Thread(target=_watch, args=(read_fd, message), name="exit-on-signals", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except BaseException as err:
+        # after a signal, an error here is its consequence (Ray's SIGTERM handler raises SystemExit, the
+        # stopped Ray fails calls): the watcher is ending the process, so wait instead of printing a traceback
+        if _STOPPING.is_set() or (isinstance(err, (SystemExit, KeyboardInterrupt)) and _STOPPING.wait(2.0)):
+            while True:
+                time.sleep(1.0)
+        if isinstance(err, KeyboardInterrupt) or (isinstance(err, SystemExit) and err.code in SIGNALS):
+            _STOPPING.set()  # a signal the watcher never heard of (e.g. Ray's SIGTERM handler): end it here
+            _exit(signal.SIGINT if isinstance(err, KeyboardInterrupt) else int(err.code), message)
+        raise
+    finally:
+        sys.unraisablehook = previous_hook
+        signal.set_wakeup_fd(previous_fd)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(write_fd)  # the watcher reads EOF and returns
+        watcher.join(timeout=5)
+        os.close(read_fd)
+
+
+def _watch(read_fd: int, message: str) -> None:
+    while True:
+        try:
+            data = os.read(read_fd, 1)
+        except OSError:
+            return
+        if not data:
+            return
+        if data[0] in SIGNALS:
+            _STOPPING.set()
+            _exit(data[0], message)
+
+
+def _exit(signum: int, message: str) -> None:
+    name = signal.Signals(signum).name
+    program = os.path.basename(sys.argv[0]) or "python"
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        print(f"{program}: stopped by {name}; {message}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # what the dying run would still print is not news (no locks taken)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    # in a thread of its own, bounded: reading /proc was seen to block after killing a child mid-exec
+    sweeper = threading.Thread(target=end_descendants, name="end-descendants", daemon=True)
+    sweeper.start()
+    sweeper.join(timeout=SWEEP_TIMEOUT)
+    os._exit(128 + signum)
+
+
+def end_descendants(sweeps: int = 5) -> list[int]:
+    """SIGKILL every descendant of this process, by PID, parents before children; repeat while any is left.
+
+    The tree is read before each sweep, since a killed parent's children are re-parented out of sight (and
+    not frozen with SIGSTOP first: stopping a child in the middle of its fork/exec made reading /proc hang).
+    Returns the PIDs.
+    """
+    killed: list[int] = []
+    for _ in range(sweeps):
+        tree = [pid for pid in _descendants(os.getpid(), process_table()) if pid not in killed]
+        if not tree:
+            break
+        _send(tree, signal.SIGKILL)
+        killed += tree
+    return killed
+
+
+def _descendants(root: int, table: Mapping[int, tuple[int, int]]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, frontier = [], [root]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+def _send(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)

@@ -1,0 +1,44 @@
+"""benchmarks/gpu_check.py: skips cleanly without CUDA, and its pipeline runs end to end (CPU smoke mode)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+
+def _run(*args, timeout=60):
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "local",
+           "HOME": str(Path.home())}
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run")
+def test_without_cuda_it_says_it_skipped_and_exits_0(tmp_path):
+    proc = _run("--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("gpu_check: skipped: no CUDA device")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.e2e
+def test_cpu_smoke_runs_the_whole_pipeline(tmp_path):
+    """Generated data, the CNN preset, the plain loop and one flower-simulation with num_gpus=0."""
+    proc = _run("--cpu-smoke", "--presets", "fedavg_cnn", "--rounds", "3", "--generated-per-class", "30",
+                "--data", tmp_path / "none", "--out", tmp_path / "out", "--budget", "400", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    plain, sim = report["runs"]
+    assert plain["engine"] == "plain loop" and plain["param_device"] == "cpu"
+    assert sim["engine"] == "flower-simulation" and sim["num_gpus"] == 0.0 and sim["returncode"] == 0
+    assert len(sim["seconds"]) == 3 and sim["rounds_per_s"] > 0 and sim["overhead_vs_plain"] > 0
+    assert plain["images_per_s_per_client"] > 0 and sim["images_per_s"] > 0
+    assert all(c["ok"] for c in report["checks"]) and len(report["checks"]) == 4
+    markdown = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "| fedavg_cnn | flower-simulation | 0.0 |" in markdown and markdown in proc.stdout

@@ -1,0 +1,97 @@
+"""flower-simulation on a real two-node Ray cluster on this machine (issue 11 §2).
+
+`ray start --head` (1 CPU) and `ray start --address=...` (1 CPU), both with a private temp dir and free ports,
+both stopped by the fixture (also when a test fails). The run joins with ``backend.address=auto`` (the
+``ray_current_cluster`` file in that temp dir), and the test watches the ClientApp actor processes: a Ray
+worker keeps the process group of its node's `ray start`, so the group tells the node it runs on, and a
+mapped libtorch tells that it ran our ClientApp (the client module imports torch on its first message).
+"""
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import sim_args
+from raytools import BIN, RayNodes, private_ray_tmp, ray_env, wait_gone
+
+from server.results import read_metrics
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    nodes = RayNodes(private_ray_tmp())
+    try:
+        nodes.start_head(num_cpus=1)
+        nodes.add_worker(num_cpus=1)
+        yield nodes
+    finally:
+        left = nodes.stop()
+    assert not left, f"cluster processes survived: {left}"
+
+
+def _client_actors(ray_tmp: Path) -> dict[int, tuple[int, bool]]:
+    """{pid: (process group, ran the ClientApp)} of this cluster's ClientApp actors now alive."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or not (entry / "cmdline").read_bytes().startswith(b"ray::ClientAppActor"):
+                continue
+            if str(ray_tmp).encode() not in (entry / "environ").read_bytes():
+                continue
+            group = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
+            found[int(entry.name)] = (group, "libtorch" in (entry / "maps").read_text())
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_clients_run_on_both_nodes_and_the_model_equals_a_single_node_run(cluster, tiny_data, tmp_path):
+    extra = ("num_rounds=2", "client.torch_threads=1")
+    proc = subprocess.Popen([str(BIN / "flower-simulation"),
+                             *sim_args(tiny_data, tmp_path / "cluster", *extra, "backend.address=auto")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=ray_env(cluster.ray_tmp))
+    seen: dict[int, tuple[int, bool]] = {}
+    deadline = time.time() + 400
+    while proc.poll() is None and time.time() < deadline:
+        for pid, (group, ran) in _client_actors(cluster.ray_tmp).items():
+            seen[pid] = (group, ran or seen.get(pid, (group, False))[1])
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    output = proc.communicate()[0]
+    assert proc.returncode == 0, output[-4000:]
+    port = cluster.address.rsplit(":", 1)[1]  # `ray start` records the node's IP, whatever we bound it to
+    assert re.search(rf"Ray cluster at [\d.]+:{port}: 2 nodes, 2 CPUs, 0 GPUs, 2 ClientApp actors", output), output
+    assert [r["round"] for r in read_metrics(tmp_path / "cluster")] == [0, 1, 2]
+    nodes_that_trained = {group for group, ran in seen.values() if ran}
+    assert nodes_that_trained == set(cluster.groups), f"ClientApp actors seen: {seen}"
+
+    local_tmp = private_ray_tmp()
+    try:
+        single = subprocess.run([str(BIN / "flower-simulation"),
+                                 *sim_args(tiny_data, tmp_path / "single", *extra, "backend.init_num_cpus=2")],
+                                capture_output=True, text=True, timeout=400, env=ray_env(local_tmp))
+        assert single.returncode == 0, single.stderr[-3000:]
+        assert not wait_gone(str(local_tmp))
+    finally:
+        subprocess.run(["rm", "-rf", str(local_tmp)], check=False)
+    a, b = np.load(tmp_path / "cluster" / "final_model.npz"), np.load(tmp_path / "single" / "final_model.npz")
+    assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def test_a_node_that_cannot_load_the_data_stops_the_run_before_it_starts(cluster, tiny_data, tmp_path):
+    """A third node whose decode cache cannot be created (its FEDMOMENTUM_CACHE points into /proc)."""
+    cluster.add_worker(num_cpus=1, env={"FEDMOMENTUM_CACHE": "/proc/version/cache"})
+    args = [a for a in sim_args(tiny_data, tmp_path / "bad", "backend.address=auto") if "cache_dir" not in a]
+    proc = subprocess.run([str(BIN / "flower-simulation"), *args], capture_output=True, text=True, timeout=300,
+                          env=ray_env(cluster.ray_tmp))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert "'data.cache_dir' on node " in line and "/proc/version/cache" in line
+    assert not (tmp_path / "bad" / "metrics.csv").exists()
