@@ -28,6 +28,7 @@ from server import config as config_lib
 from server.results import MetricsWriter, plot_run
 from server.round_grid import ProgressGrid
 from strategies import protocol
+from strategies.client_manager import NoNodesError
 
 
 class DivergenceError(RuntimeError):
@@ -107,7 +108,11 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     for rnd in range(start + 1, num_rounds + 1):
         t0 = time.time()
         grid.begin_round(rnd, num_rounds)
-        messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
+        try:
+            messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
+        except NoNodesError as err:
+            write_status(run_dir, "failed", rnd - 1, str(err))
+            raise
         replies = list(grid.send_and_receive(messages, timeout=float(cfg["round_timeout"]))) if messages else []
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         arrays = new_arrays if new_arrays is not None else arrays
@@ -157,8 +162,9 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
 
 def write_status(run_dir: Path, status: str, last_round: int, reason: str = "") -> None:
-    """status.json: "running" (also what a killed run leaves), "diverged" (exit 3, with the reason) or
-    "finished"; ``round`` = the last round whose metrics were written. ``flower-report`` reads it."""
+    """status.json: "running" (also what a killed run leaves), "diverged" (exit 3, with the reason),
+    "failed" (no node answered before the first round, with the reason) or "finished"; ``round`` = the last
+    round whose metrics were written. ``flower-report`` reads it."""
     record = {"status": status, "round": last_round, "reason": reason}
     (run_dir / "status.json").write_text(json.dumps(record))
 

@@ -179,13 +179,23 @@ def _hydra_main(cfg: DictConfig) -> None:
         print("flower-deploy: interrupted; all processes stopped", file=sys.stderr)
         raise SystemExit(130) from None
     if not result.ok:
-        print(f"flower-deploy: run {result.run_id} ended with status {result.status!r} "
+        print(f"flower-deploy: run {result.run_id} ended with status {result.status!r}{_failure(plain['run_dir'])} "
               f"(logs in {plain['run_dir']}/deploy/logs)", file=sys.stderr)
         raise SystemExit(1)
     summary_path = Path(plain["run_dir"]) / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     print(f"flower-deploy: finished run {result.run_id} ({summary.get('rounds')} rounds, accuracy "
           f"{summary.get('accuracy')}) in {result.seconds:.1f} s, results in {plain['run_dir']}")
+
+
+def _failure(run_dir: str) -> str:
+    """': <reason>' when the ServerApp recorded why it failed (status.json), else ''."""
+    path = Path(run_dir) / "status.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    return f": {record.get('reason')}" if record.get("status") == "failed" and record.get("reason") else ""
 
 
 def main() -> None:

@@ -149,19 +149,22 @@ def _hydra_main(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
     except Exception as err:
         from server.app import DivergenceError
+        from strategies.client_manager import NoNodesError
 
-        if isinstance(err, DivergenceError):
+        if isinstance(err, (DivergenceError, NoNodesError)):
             print(f"flower-simulation: {err}", file=sys.stderr)
-            if _is_multirun():  # the sweep goes on (its status.json says diverged); exit 3 after the last job
-                DIVERGED_JOBS.append(plain["run_dir"])
+            failed = isinstance(err, NoNodesError)
+            if _is_multirun():  # the sweep goes on (status.json says why); exit 3 or 1 after the last job
+                (FAILED_JOBS if failed else DIVERGED_JOBS).append(plain["run_dir"])
                 return
-            raise SystemExit(3) from None
+            raise SystemExit(1 if failed else 3) from None
         raise
     print(f"flower-simulation: finished {summary['rounds']} rounds, accuracy {summary['accuracy']}, "
           f"results in {summary['run_dir']}")
 
 
 DIVERGED_JOBS: list[str] = []  # run dirs of the diverged jobs of this multirun
+FAILED_JOBS: list[str] = []  # run dirs of the jobs no node answered (e.g. Ray actors that failed to start)
 
 
 def _is_multirun() -> bool:
@@ -172,8 +175,12 @@ def _is_multirun() -> bool:
 
 
 def main() -> None:
-    """Console entry point. A multirun runs every job; it exits with 3 when any of them diverged."""
+    """Console entry point. A multirun runs every job; it exits with 1 when any of them failed (no node
+    answered), else with 3 when any of them diverged."""
     _hydra_main()
+    if FAILED_JOBS:
+        print(f"flower-simulation: {len(FAILED_JOBS)} job(s) failed: {', '.join(FAILED_JOBS)}", file=sys.stderr)
     if DIVERGED_JOBS:
         print(f"flower-simulation: {len(DIVERGED_JOBS)} job(s) diverged: {', '.join(DIVERGED_JOBS)}", file=sys.stderr)
-        raise SystemExit(3)
+    if FAILED_JOBS or DIVERGED_JOBS:
+        raise SystemExit(1 if FAILED_JOBS else 3)

@@ -31,6 +31,11 @@ from strategies import protocol
 from strategies.participation import CyclicSchedule, UniformSchedule
 
 
+class NoNodesError(RuntimeError):
+    """No node answered the partition query before ``wait_timeout``: the run cannot train (in simulation the
+    usual cause is a Ray backend whose actors failed to start; in a deployment, SuperNodes that never connected)."""
+
+
 class PartitionClientManager:
     """Selects this round's nodes from a schedule over partition ids.
 
@@ -126,7 +131,9 @@ class PartitionClientManager:
         """Node ids of the partitions scheduled for ``server_round`` that are connected."""
         self._round = server_round
         if not self._waited:
-            self.wait_for_nodes(grid)
+            if self.wait_for_nodes(grid) == 0:
+                raise NoNodesError(f"no client node answered the partition query within "
+                                   f"participation.wait_timeout={self.wait_timeout:g} s; nothing can be trained")
             self._waited = True
         self.refresh(grid)
         partition_to_node = {p: n for n, p in self.node_to_partition.items()}
