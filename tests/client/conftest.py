@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/conftest.py normally does this
@@ -25,3 +26,10 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tarball(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tarball(image_folder, tmp_path_factory.mktemp("tar") / "data.tar.gz")
+
+
+@pytest.fixture(scope="module")
+def client_data() -> tuple[np.ndarray, np.ndarray]:
+    """40 random 32x32 RGB images (uint8) and labels, for the training tests."""
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, size=(40, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, size=40)

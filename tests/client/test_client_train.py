@@ -18,12 +18,6 @@ MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def client_data() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return rng.integers(0, 256, size=(40, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, size=40)
-
-
 def _model(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return build_model("cnn")
