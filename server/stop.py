@@ -107,12 +107,18 @@ def _watch(read_fd: int, message: str) -> None:
 
 
 def _exit(signum: int, message: str) -> None:
+    # Lock-free and bounded: the main thread may hold sys.stderr's buffer lock while a Python-level signal
+    # handler (Ray's, which waits for its processes) runs inside an interrupted write; a print here would wait.
+    deadman = threading.Timer(SWEEP_TIMEOUT + 2.0, os._exit, args=(128 + signum,))
+    deadman.daemon = True
+    deadman.start()
+    flusher = threading.Thread(target=_flush_stdout, name="flush-stdout", daemon=True)
+    flusher.start()
+    flusher.join(timeout=0.5)
     name = signal.Signals(signum).name
     program = os.path.basename(sys.argv[0]) or "python"
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-    with contextlib.suppress(Exception):
-        print(f"{program}: stopped by {name}; {message}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        os.write(2, f"{program}: stopped by {name}; {message}\n".encode())
     with contextlib.suppress(OSError):  # what the dying run would still print is not news (no locks taken)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -122,6 +128,11 @@ def _exit(signum: int, message: str) -> None:
     sweeper.start()
     sweeper.join(timeout=SWEEP_TIMEOUT)
     os._exit(128 + signum)
+
+
+def _flush_stdout() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
 
 
 def end_descendants(sweeps: int = 5) -> list[int]:

@@ -1,5 +1,6 @@
 """`make run` on a fresh machine: which CIFAR-10 it uses (server/data_choice.py), without network."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,9 @@ def test_cli_prints_overrides_and_says_why_first(tmp_path):
 
 
 def test_make_run_uses_the_choice():
-    proc = subprocess.run(["make", "-n", "run", "VENV=/nonexistent-venv"], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "run", "VENV=/nonexistent-venv"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr
     run_line = proc.stdout.strip().splitlines()[-1]
     assert "-m server.data_choice" in run_line and "--shared" in run_line and "flower-simulation" in run_line
