@@ -25,8 +25,7 @@ def state_files(run_dir):
 
 def test_fedhbm_client_state_survives_a_resume_bitwise(tiny_data, tmp_path):
     """4 clients, cyclic p = 2, 4 rounds: every client's second participation (rounds 3, 4) uses the final local
-    model it stored in round 1 or 2. Killed after round 2 and resumed, the run ends with the bitwise-same model.
-    This is also the suite's resume-after-SIGKILL test of `flower-simulation` (checkpoint, metrics, run.log)."""
+    model it stored in round 1 or 2. Killed after round 2 and resumed, the run ends with the bitwise-same model."""
     extra = ["num_rounds=4", "strategy=fedhbm", "data.root=" + str(tiny_data["folder"])]
     full = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "full", *extra))
     assert full.returncode == 0, full.stderr[-2000:]

@@ -1,11 +1,14 @@
-"""`flower-simulation` end to end: every strategy, bad configs, divergence, plots. Resume after SIGKILL:
-tests/server/test_ghbm_e2e.py (FedHBM: model, checkpoint and node-local client state)."""
+"""`flower-simulation` end to end: every strategy, resume, bad configs, divergence, plots."""
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import numpy as np
 import pytest
-from conftest import run_cli, sim_args
+from conftest import BIN, run_cli, sim_args
 
 from server.results import read_metrics
 
@@ -67,6 +70,37 @@ def test_flower_plot_aggregates_runs(multirun, tmp_path):
     assert set(curves) == {f"strategy.name={s}" for s in ("fedavgm", "fedcm", "localupdate", "localupdate_decay")}
     assert curves["strategy.name=fedavgm"]["runs"] == 2 and curves["strategy.name=fedcm"]["round"] == [0, 1, 2]
     assert out.stat().st_size > 0
+
+
+def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
+    extra = ["num_rounds=4", "strategy=fedcm", "data.root=" + str(tiny_data["folder"])]
+    full = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "full", *extra))
+    assert full.returncode == 0, full.stderr[-2000:]
+
+    killed_dir = tmp_path / "killed"
+    cmd = [str(BIN / "flower-simulation"), *sim_args(tiny_data, killed_dir, *extra)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not any(r["round"] == 2 for r in read_metrics(killed_dir)):
+            time.sleep(0.2)
+        assert any(r["round"] == 2 for r in read_metrics(killed_dir)), "run never reached round 2"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    done = max(r["round"] for r in read_metrics(killed_dir))
+    assert done < 4, "the run finished before it was killed"
+    resumed = run_cli("flower-simulation", sim_args(tiny_data, killed_dir, *extra, "resume=true"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resuming" in (killed_dir / "run.log").read_text()
+
+    a, b = np.load(tmp_path / "full" / "final_model.npz"), np.load(killed_dir / "final_model.npz")
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+    rows_a, rows_b = read_metrics(tmp_path / "full"), read_metrics(killed_dir)
+    assert [r["round"] for r in rows_b] == [0, 1, 2, 3, 4]
+    for ra, rb in zip(rows_a, rows_b):
+        assert (ra["accuracy"], ra["loss"], ra.get("train_loss")) == (rb["accuracy"], rb["loss"], rb.get("train_loss"))
 
 
 @pytest.mark.parametrize(
