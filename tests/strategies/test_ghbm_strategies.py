@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from test_flower_strategies import NodeList, task_identity  # noqa: F401 (autouse fixture)
 
 from strategies import GHBM, CyclicClientManager, FedAvgM, FedHBM, LocalGHBM, UniformClientManager, protocol
 from strategies import math as fm
@@ -17,20 +17,6 @@ from theory.problems import fedavgm_client, ghbm_client
 
 MU = 0.7
 SHAPES = {"w": (3, 2), "b": (2,)}
-
-
-class NodeList:
-    def __init__(self, ids):
-        self.ids = ids
-
-    def get_node_ids(self):
-        return list(self.ids)
-
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1
-    yield
 
 
 def initial_record():
