@@ -1,8 +1,10 @@
 """Shared fixtures for end-to-end tests: small generated CIFAR-like data and a CLI runner."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,19 @@ def run_cli(name, args, timeout=300, **kwargs):
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
     return subprocess.run([str(BIN / name), *map(str, args)], capture_output=True, text=True, timeout=timeout,
                           env=env, **kwargs)
+
+
+def kill_after_round(args, run_dir, rnd):
+    """Start `flower-simulation args`, SIGKILL its whole process group once round ``rnd`` is in the metrics."""
+    from server.results import read_metrics
+
+    proc = subprocess.Popen([str(BIN / "flower-simulation"), *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not any(r["round"] == rnd for r in read_metrics(run_dir)):
+            time.sleep(0.2)
+        assert any(r["round"] == rnd for r in read_metrics(run_dir)), f"run never reached round {rnd}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)

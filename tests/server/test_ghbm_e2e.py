@@ -1,13 +1,10 @@
 """`flower-simulation` with the stateful FedHBM clients: their node-local state survives rounds and a resume."""
 
 import os
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
-from conftest import BIN, run_cli, sim_args
+from conftest import kill_after_round, run_cli, sim_args
 
 from server.results import read_metrics
 
@@ -34,16 +31,7 @@ def test_fedhbm_client_state_survives_a_resume_bitwise(tiny_data, tmp_path):
     assert sorted(r for _, r, _ in files) == [1, 1, 2, 2, 3, 3, 4, 4] and len({s for _, _, s in files}) == 1
 
     killed_dir = tmp_path / "killed"
-    cmd = [str(BIN / "flower-simulation"), *sim_args(tiny_data, killed_dir, *extra)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not any(r["round"] == 2 for r in read_metrics(killed_dir)):
-            time.sleep(0.2)
-        assert any(r["round"] == 2 for r in read_metrics(killed_dir)), "run never reached round 2"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+    kill_after_round(sim_args(tiny_data, killed_dir, *extra), killed_dir, 2)
     assert max(r["round"] for r in read_metrics(killed_dir)) < 4, "the run finished before it was killed"
     resumed = run_cli("flower-simulation", sim_args(tiny_data, killed_dir, *extra, "resume=true"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]

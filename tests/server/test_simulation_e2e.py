@@ -1,14 +1,10 @@
 """`flower-simulation` end to end: every strategy, resume, bad configs, divergence, plots."""
 
 import json
-import os
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
-from conftest import BIN, run_cli, sim_args
+from conftest import kill_after_round, run_cli, sim_args
 
 from server.results import read_metrics
 
@@ -78,16 +74,7 @@ def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
     assert full.returncode == 0, full.stderr[-2000:]
 
     killed_dir = tmp_path / "killed"
-    cmd = [str(BIN / "flower-simulation"), *sim_args(tiny_data, killed_dir, *extra)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not any(r["round"] == 2 for r in read_metrics(killed_dir)):
-            time.sleep(0.2)
-        assert any(r["round"] == 2 for r in read_metrics(killed_dir)), "run never reached round 2"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+    kill_after_round(sim_args(tiny_data, killed_dir, *extra), killed_dir, 2)
     done = max(r["round"] for r in read_metrics(killed_dir))
     assert done < 4, "the run finished before it was killed"
     resumed = run_cli("flower-simulation", sim_args(tiny_data, killed_dir, *extra, "resume=true"))
