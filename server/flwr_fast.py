@@ -18,7 +18,9 @@ This module keeps Flower's files untouched and instead runs
 - :func:`superlink_main` (``python -m server.flwr_fast superlink <flower-superlink args>``): Flower's own
   ``flower-superlink`` in this process, whose object store is always in memory (the LinkState, i.e. nodes,
   keys, runs and messages, still lives in the ``--database`` file; objects of messages in flight are lost in a
-  SuperLink crash, and flower-deploy resumes the run from its checkpoint anyway);
+  SuperLink crash, and flower-deploy resumes the run from its checkpoint anyway), and whose Fleet handlers look
+  up a running run's status at most every ``RUN_STATUS_TTL`` seconds (:class:`RunStatusCache`; with a database
+  file Flower runs a status query and two clean-up UPDATEs for every object pushed or pulled);
 
 - :func:`supernode_main` (``python -m server.flwr_fast supernode <flower-supernode args>``): Flower's own
   ``flower-supernode`` in this process, with the two sleeps of ``start_client_internal`` capped at
@@ -30,7 +32,8 @@ This module keeps Flower's files untouched and instead runs
   imports torch and flwr once, waits on that pipe (no idle polling; a slow fallback poll covers a lost byte),
   takes the ClientApp task from the SuperNode's Runtime API (``AcquireTask``, signed with the SuperExec auth
   secret) and runs it in a **fresh fork** (``run_clientapp``, exactly what ``flwr-clientapp`` runs), so every
-  message still gets its own process, module globals and exit.
+  message still gets its own process, module globals and exit; a FAB is installed once per worker
+  (:class:`InstallOnce`; Flower unzips and re-hashes it for every message).
 
 :func:`patch_object_pulls` shortens that backoff (0.05 s doubling to 0.5 s; the total budget stays Flower's
 ``PULL_MAX_TIME``) in the SuperNode, in each ClientApp fork and, through ``server/app.py``, in the ServerApp.
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import importlib
 import os
 import secrets
@@ -66,6 +70,8 @@ SUPERNODE_LOOP = "flwr.supernode.start_client_internal"
 CLIENTAPP_RUNTIME = "flwr.supernode.runtime.run_clientapp"
 SERVERAPP_GRID = "flwr.superlink.grid.http_grid"
 SUPERLINK_CONFIG = "flwr.superlink.config_loader"
+FLEET_HANDLERS = "flwr.server.superlink.fleet.message_handler.message_handler"
+RUN_STATUS_TTL = 0.5  # seconds a running run is not looked up again by the Fleet handlers (Flower: 0)
 PULL_BACKOFF = {"initial_backoff": 0.05, "backoff_cap": 0.5, "max_tries_per_object": None}  # Flower: 1, 10, 500
 # (module, function) whose object pulls get PULL_BACKOFF: the SuperNode, the ClientApp, the ServerApp's grid
 OBJECT_PULLS = ((SUPERNODE_LOOP, "pull_objects"), (CLIENTAPP_RUNTIME, "pull_and_inflate_object_from_tree"),
@@ -78,6 +84,8 @@ INTERNALS = (
     *OBJECT_PULLS,  # called with Flower's default backoff (keyword arguments of PULL_BACKOFF)
     ("flwr.supernode.cli.flower_supernode", "flower_supernode"),
     ("flwr.supernode.runtime.run_clientapp", "run_clientapp"),
+    (CLIENTAPP_RUNTIME, "install_from_fab"),  # called once per task as install_from_fab(fab.content, skip_prompt=True)
+    (FLEET_HANDLERS, "check_abort"),  # module global, called by the Fleet handlers as check_abort(run_id, ..., state)
     ("flwr.supercore.runtime", "RuntimeHttpClient"),
     ("flwr.supercore.interceptors", "RuntimeVersionHttpInterceptor"),
     ("flwr.supercore.interceptors", "SuperExecAuthHttpInterceptor"),
@@ -165,9 +173,38 @@ def patch_object_store_in_memory() -> None:
     module.ObjectStoreFactory = in_memory_factory
 
 
+class RunStatusCache:
+    """Stand-in for ``check_abort`` in Flower's Fleet message handlers: a run found running is not looked up
+    again for ``ttl`` seconds (Flower: a SQL status query plus two task-token clean-up UPDATEs per object)."""
+
+    def __init__(self, check_abort: Any, ttl: float) -> None:
+        self.check_abort, self.ttl = check_abort, ttl
+        self.running: dict[tuple[int, tuple[str, ...], int], float] = {}  # key -> monotonic time of the check
+
+    def __call__(self, run_id: int, abort_status_list: list[str], state: Any) -> str | None:
+        key = (run_id, tuple(abort_status_list), id(state))
+        checked = self.running.get(key)
+        if checked is not None and time.monotonic() - checked < self.ttl:
+            return None
+        message = self.check_abort(run_id, abort_status_list, state)
+        if message is None:
+            self.running[key] = time.monotonic()
+        else:
+            self.running.pop(key, None)
+        return message
+
+
+def patch_fleet_run_checks(ttl: float = RUN_STATUS_TTL) -> None:
+    """Make Flower's Fleet handlers check a running run's status at most every ``ttl`` seconds."""
+    module = importlib.import_module(FLEET_HANDLERS)
+    if not isinstance(module.check_abort, RunStatusCache):
+        module.check_abort = RunStatusCache(module.check_abort, ttl)
+
+
 def superlink_main(argv: list[str]) -> None:
     """Run ``flower-superlink`` in this process with an in-memory object store (see the module doc)."""
     patch_object_store_in_memory()
+    patch_fleet_run_checks()
     from flwr.superlink.cli.flower_superlink import flower_superlink
 
     sys.argv = ["flower-superlink", *argv]
@@ -204,7 +241,7 @@ def supernode_main(argv: list[str]) -> None:
             flower_args += ["--superexec-auth-secret-file", str(secret_file)]
             notify_r, notify_w = os.pipe()
             os.set_blocking(notify_w, False)
-            worker = _start_worker(f"{args.host}:{args.port}", str(secret_file), notify_r)
+            worker = _start_worker(f"{args.host}:{args.port}", str(secret_file), notify_r, Path(tmp) / "fabs")
             os.close(notify_r)
         _timestamped_logs()
         watch = LoopWatch(notify_w)
@@ -259,16 +296,49 @@ def write_secret(path: Path) -> Path:
     return path
 
 
-def _start_worker(runtime_address: str, secret_file: str, notify_fd: int):
+def _start_worker(runtime_address: str, secret_file: str, notify_fd: int, fab_marker_dir: Path):
     import subprocess
 
+    fab_marker_dir.mkdir(mode=0o700)
     cmd = [sys.executable, "-m", "server.flwr_fast", "clientapp-worker", "--runtime-api-address", runtime_address,
            "--superexec-auth-secret-file", secret_file, "--parent-pid", str(os.getpid()),
-           "--notify-fd", str(notify_fd)]
+           "--notify-fd", str(notify_fd), "--fab-marker-dir", str(fab_marker_dir)]
     return subprocess.Popen(cmd, pass_fds=(notify_fd,))
 
 
 # --------------------------------------------------------------------------- warm ClientApp worker
+class InstallOnce:
+    """Stand-in for ``install_from_fab`` in Flower's ClientApp runtime (inherited by the worker's forks): a FAB
+    whose SHA-256 a previous task of this worker installed is not unzipped and hash-checked again (Flower: every
+    task, ~0.15 s on 2 cores). Flower itself never re-checks an installed app directory either."""
+
+    def __init__(self, install: Any, marker_dir: Path) -> None:
+        self.install, self.marker_dir = install, marker_dir
+
+    def __call__(self, fab_file: Any, install_dir: Path | None = None, skip_prompt: bool = False) -> Path:
+        if not isinstance(fab_file, bytes) or install_dir is not None:
+            return self.install(fab_file, install_dir, skip_prompt)
+        marker = self.marker_dir / hashlib.sha256(fab_file).hexdigest()
+        try:
+            installed = Path(marker.read_text())
+            if installed.is_dir():
+                return installed
+        except OSError:
+            pass
+        installed = self.install(fab_file, install_dir, skip_prompt)
+        tmp = marker.with_suffix(f".{os.getpid()}")
+        tmp.write_text(str(installed))
+        os.replace(tmp, marker)  # a concurrent fork sees the whole path or nothing
+        return installed
+
+
+def patch_fab_install(marker_dir: Path) -> None:
+    """Install each FAB once per worker (see :class:`InstallOnce`)."""
+    module = importlib.import_module(CLIENTAPP_RUNTIME)
+    if not isinstance(module.install_from_fab, InstallOnce):
+        module.install_from_fab = InstallOnce(module.install_from_fab, marker_dir)
+
+
 def _worker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m server.flwr_fast clientapp-worker",
                                      description="Warm ClientApp worker: one fork per ClientApp task")
@@ -277,6 +347,8 @@ def _worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     parser.add_argument("--notify-fd", type=int, default=None,
                         help="pipe that receives a byte per arrived message (without it: poll)")
+    parser.add_argument("--fab-marker-dir", default=None,
+                        help="directory (removed by the SuperNode) that records the FABs installed by this worker")
     parser.add_argument("--fallback-poll", type=float, default=FALLBACK_POLL,
                         help="seconds between task polls when no byte arrives (or the poll interval without a pipe)")
     return parser
@@ -289,6 +361,8 @@ def worker_main(argv: list[str]) -> None:
         importlib.import_module(name)
     _timestamped_logs()
     patch_object_pulls(CLIENTAPP_RUNTIME)  # inherited by every fork
+    if args.fab_marker_dir is not None:
+        patch_fab_install(Path(args.fab_marker_dir))  # inherited too
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.app_utils import start_parent_process_monitor
     from flwr.supercore.constant import TaskType

@@ -4,12 +4,14 @@ internal) when another flwr version changes one of them. Fast: no federation is 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import inspect
 import time
 
 import flwr
 import pytest
+from deploy_helpers import ROOT
 
 from server import flwr_fast
 from server.round_grid import format_duration
@@ -126,3 +128,57 @@ def test_join_failure_hint_names_the_likely_cause():
 
 def test_format_duration():
     assert [format_duration(s) for s in (12.4, 2460, 8280)] == ["12 s", "41 min", "2.3 h"]
+
+
+def test_fleet_run_status_cache(monkeypatch):
+    """Fleet object calls look a running run up at most every RUN_STATUS_TTL; an abort is never cached."""
+    module = importlib.import_module(flwr_fast.FLEET_HANDLERS)
+    for handler in (module.push_object, module.pull_object):
+        assert "abort_msg = check_abort(" in inspect.getsource(handler)
+    assert list(inspect.signature(module.check_abort).parameters) == ["run_id", "abort_status_list", "state"]
+    monkeypatch.setattr(module, "check_abort", module.check_abort)
+    flwr_fast.patch_fleet_run_checks()
+    flwr_fast.patch_fleet_run_checks()
+    assert isinstance(module.check_abort, flwr_fast.RunStatusCache)
+    assert not isinstance(module.check_abort.check_abort, flwr_fast.RunStatusCache)
+
+    answers, calls = {1: None, 2: "Run is finished."}, []
+    cache = flwr_fast.RunStatusCache(lambda run_id, statuses, state: calls.append(run_id) or answers[run_id], 0.2)
+    state = object()
+    assert [cache(1, ["x"], state) for _ in range(3)] == [None] * 3 and calls == [1]
+    assert [cache(2, ["x"], state) for _ in range(2)] == ["Run is finished."] * 2 and calls == [1, 2, 2]
+    time.sleep(0.25)
+    answers[1] = "Run is finished."
+    assert cache(1, ["x"], state) == "Run is finished." and cache(1, ["x"], state) == "Run is finished."
+    assert calls == [1, 2, 2, 1, 1]
+
+
+def test_fab_installed_once_per_worker(monkeypatch, tmp_path):
+    """The ClientApp runtime installs the task's FAB by a module-global call; a worker installs a FAB once."""
+    from flwr.cli.build import build_fab_from_disk
+
+    module = importlib.import_module(flwr_fast.CLIENTAPP_RUNTIME)
+    assert "install_from_fab(fab.content, skip_prompt=True)" in inspect.getsource(module.run_clientapp)
+    monkeypatch.setattr(module, "install_from_fab", module.install_from_fab)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr_home"))
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return module.install_from_fab(*args, **kwargs)
+
+    install = flwr_fast.InstallOnce(counting, tmp_path / "markers")
+    (tmp_path / "markers").mkdir()
+    fab = build_fab_from_disk(ROOT)
+    first = install(fab, skip_prompt=True)
+    assert install(fab, skip_prompt=True) == first and (first / "client" / "app.py").is_file() and calls == [1]
+    installed = []  # other bytes (another hash) go to Flower again, and so does a vanished install
+    fake = flwr_fast.InstallOnce(lambda fab_file, install_dir, skip: installed.append(fab_file) or first,
+                                 tmp_path / "markers")
+    assert fake(fab + b"x") == first and fake(fab + b"x") == first and installed == [fab + b"x"]
+    (tmp_path / "markers" / hashlib.sha256(fab + b"x").hexdigest()).write_text(str(tmp_path / "gone"))
+    assert fake(fab + b"x") == first and len(installed) == 2
+    flwr_fast.patch_fab_install(tmp_path / "markers")
+    flwr_fast.patch_fab_install(tmp_path / "markers")
+    assert isinstance(module.install_from_fab, flwr_fast.InstallOnce)
+    assert not isinstance(module.install_from_fab.install, flwr_fast.InstallOnce)
