@@ -26,20 +26,35 @@ import hydra
 from omegaconf import DictConfig
 
 from server import config as config_lib
-from server.federation import DeployError, Federation, FederationOptions, RunResult
+from server import procs
+from server.federation import LOOPBACK, DeployError, Federation, FederationOptions, RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
+RESTART_GRACE = 3.0  # seconds local SuperNodes get to exit after SIGTERM when a memory-state SuperLink restarts
 _OPTION_KEYS = ("host", "address", "fleet_port", "control_port", "superlink", "root_certificates", "tls", "auth",
                 "cert_hosts", "database", "startup_timeout", "stop_timeout", "fast", "poll_interval",
                 "supernode_max_wait")
 
 
-def options(deploy: dict[str, Any]) -> FederationOptions:
-    """FederationOptions from the ``deploy`` config group."""
+def options(deploy: dict[str, Any], num_clients: int | None = None) -> FederationOptions:
+    """FederationOptions from the ``deploy`` config group (``database: auto`` resolved by :func:`state_in_file`)."""
     kwargs = {k: deploy[k] for k in _OPTION_KEYS if deploy.get(k) is not None}
     kwargs["cert_hosts"] = [str(h) for h in kwargs.get("cert_hosts", [])]
+    kwargs["database"] = state_in_file(deploy, num_clients)
     return FederationOptions(**kwargs)
+
+
+def state_in_file(deploy: dict[str, Any], num_clients: int | None) -> bool:
+    """Whether a spawned SuperLink keeps its state in a file. ``auto``: only when SuperNodes this command does
+    not start may join (Fleet API beyond loopback, or fewer spawned SuperNodes than clients): they survive a
+    SuperLink restart only with the file. When flower-deploy starts every SuperNode itself, it restarts them
+    after a SuperLink restart, and the in-memory state saves ~1 s of SQLite work per round (docs/deploy.md)."""
+    value = deploy.get("database", "auto")
+    if value != "auto":
+        return bool(value)
+    spawned = int(deploy.get("spawn_supernodes", 0) or 0)
+    return str(deploy.get("host", LOOPBACK)) != LOOPBACK or num_clients is None or spawned < num_clients
 
 
 def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +80,8 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     poll = d.get("poll_interval", 0.5)
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll <= 3:
         raise config_lib.ConfigError(f"'deploy.poll_interval' must be in (0, 3] seconds, got {poll!r}")
+    if d.get("database", "auto") not in (True, False, "auto"):
+        raise config_lib.ConfigError(f"'deploy.database' must be true, false or auto, got {d['database']!r}")
     for key in ("fast", "bind_partitions"):
         if d.get(key) is not None and not isinstance(d[key], bool):
             raise config_lib.ConfigError(f"'deploy.{key}' must be true or false, got {d[key]!r}")
@@ -85,7 +102,7 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
     run_dir = Path(cfg["run_dir"]).resolve()
     cfg["run_dir"] = str(run_dir)
     app_dir = Path(d.get("app_dir") or ROOT)
-    fed = Federation(run_dir / "deploy", app_dir, options(d))
+    fed = Federation(run_dir / "deploy", app_dir, options(d, int(cfg["num_clients"])))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     result: RunResult | None = None
     try:
@@ -121,19 +138,29 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
 
 
 def _restart_superlink(fed: Federation) -> None:
-    """Start the SuperLink again on the same ports; restart the local SuperNodes that gave up meanwhile.
+    """Start the SuperLink again on the same ports and bring the local SuperNodes back.
 
-    With ``deploy.database=true`` (default) the SuperNodes keep their IDs and reconnect by themselves; with an
-    in-memory state they exit once the new SuperLink does not know them, and are started again here.
+    With the state in a file (``deploy.database``) the SuperNodes keep their IDs and reconnect by themselves
+    (those that gave up meanwhile are started again); with the state in memory the new SuperLink knows none of
+    them, so every local SuperNode is stopped (SIGTERM, SIGKILL after ``RESTART_GRACE`` s) and started again
+    (after re-registering its key).
     """
     fed.start_superlink()
-    if fed.options.auth and not fed.options.database:  # registrations lived in the lost in-memory state
-        for key in fed.node_keys.values():
-            fed.flwr("supernode", "register", str(key.public), "fedmomentum", check=False)
-    try:
-        fed.wait_nodes(len(fed.supernodes), timeout=20)
-    except DeployError:
-        pass
+    if not fed.options.database:
+        if fed.options.auth:  # registrations lived in the lost in-memory state
+            for key in fed.node_keys.values():
+                fed.flwr("supernode", "register", str(key.public), "fedmomentum", check=False)
+        nodes = list(fed.supernodes.values())  # doomed: all at once, SIGKILL after a short grace
+        for proc in nodes:
+            proc.signal(signal.SIGTERM)
+        if not procs.wait_gone(nodes, RESTART_GRACE):
+            for proc in nodes:
+                proc.kill()
+    else:
+        try:
+            fed.wait_nodes(len(fed.supernodes), timeout=20)
+        except DeployError:
+            pass
     for partition_id, proc in list(fed.supernodes.items()):
         if not proc.alive():
             fed.start_supernode(partition_id, fed.num_partitions, fed.data_root)

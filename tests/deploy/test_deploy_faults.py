@@ -176,16 +176,20 @@ def _crash_superlink_after_round(fed: Federation, run_dir: Path, rnd: int, out: 
         time.sleep(0.05)
 
 
-def test_superlink_crash_resumes_to_the_same_model(reference_deploy, deploy_data, tmp_path):
+@pytest.mark.parametrize("database", ["auto", "true"], ids=["state-in-memory", "state-in-file"])
+def test_superlink_crash_resumes_to_the_same_model(reference_deploy, deploy_data, tmp_path, database):
     """Kill the SuperLink after round 1: flower-deploy restarts it, resumes from the checkpoint and ends with the
-    bitwise-same model and metrics as the uninterrupted reference run."""
+    bitwise-same model and metrics as the uninterrupted reference run. With the state in a file the SuperNodes
+    reconnect by themselves (same processes); with the state in memory (``auto`` for a local federation)
+    flower-deploy starts them again."""
     ref_dir, _ = reference_deploy
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir))
+    cfg = compose(overrides(deploy_data, run_dir, f"deploy.database={database}"))
     out: dict = {}
     lines: list[str] = []
 
     def on_start(fed: Federation) -> None:
+        out["supernodes"] = {str(k): p.pid for k, p in fed.supernodes.items()}
         threading.Thread(target=_crash_superlink_after_round, args=(fed, run_dir, 1, out), daemon=True).start()
 
     result = deploy_and_check_cleanup(cfg, run_dir, lines.append, on_start)
@@ -196,3 +200,7 @@ def test_superlink_crash_resumes_to_the_same_model(reference_deploy, deploy_data
     assert_same_model(run_dir, ref_dir)
     keys = ("round", "accuracy", "loss", "train_loss", "num_replies", "num_failures")
     assert [{k: r.get(k) for k in keys} for r in rows(run_dir)] == [{k: r.get(k) for k in keys} for r in rows(ref_dir)]
+    after = json.loads((run_dir / "deploy" / "pids.json").read_text())["supernodes"]
+    in_file = database == "true"
+    assert (after == out["supernodes"]) is in_file, (out["supernodes"], after)
+    assert (run_dir / "deploy" / "superlink-state.db").exists() is in_file

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 from deploy_helpers import ROOT, compose, overrides
 
 from server import config as config_lib
-from server.deploy import validate_deploy
+from server.deploy import state_in_file, validate_deploy
 from server.tls import make_node_key, make_tls
 
 
@@ -55,11 +55,24 @@ def test_fab_is_small_and_holds_the_apps():
     (["deploy.superlink=h:1", "deploy.tls=true"], "existing"),
     (["deploy.root_certificates=/nonexistent/ca.crt"], "root_certificates"),
     (["deploy.fleet_port=-1"], "fleet_port"),
+    (["deploy.database=sometimes"], "deploy.database"),
 ])
 def test_deploy_config_is_validated(tmp_path, deploy_data, extra, message):
     cfg = config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", *extra)))  # data.root is checked
     with pytest.raises(config_lib.ConfigError, match=message):
         validate_deploy(cfg)
+
+
+@pytest.mark.parametrize("deploy, in_file", [
+    ({"database": "auto", "spawn_supernodes": 4, "host": "127.0.0.1"}, False),  # every SuperNode is ours
+    ({"database": "auto", "spawn_supernodes": 3, "host": "127.0.0.1"}, True),  # others may join on loopback
+    ({"database": "auto", "spawn_supernodes": 4, "host": "0.0.0.0"}, True),  # ... or from other hosts
+    ({"database": True, "spawn_supernodes": 4, "host": "127.0.0.1"}, True),
+    ({"database": False, "spawn_supernodes": 0, "host": "0.0.0.0"}, False),
+])
+def test_superlink_state_in_file(deploy, in_file):
+    """``deploy.database=auto`` keeps the state in a file only when SuperNodes not started here may join."""
+    assert state_in_file(deploy, num_clients=4) is in_file
 
 
 @pytest.mark.parametrize("bind", [True, False])
