@@ -1,8 +1,10 @@
 """Per-round overhead of the deployment engine (SuperLink + SuperNode processes) vs the Ray simulation.
 
 Runs the identical Hydra config with ``flower-simulation``, with ``flower-deploy deploy.fast=false`` (stock
-Flower 1.39 processes: 3 s polling, one fresh ``flwr-clientapp`` per message) and with ``flower-deploy``
-(``deploy.fast=true``: short polling, warm ClientApp workers, see server/flwr_fast.py), and reads the per-round
+Flower 1.39 processes: 3 s polling, one fresh ``flwr-clientapp`` per message, state in a ``--database`` file) and
+with ``flower-deploy`` (``deploy.fast=true``: short polling, warm ClientApp workers, see server/flwr_fast.py),
+once with the SuperLink state in a file and once with the default (in memory for a local federation), and
+reads the per-round
 ``seconds`` column of each run's metrics (selection + client work + aggregation + server evaluation). Round 1
 carries start-up work (partition queries, first imports) and is reported apart; the overhead is the difference
 of the medians of rounds 2..R. The bare client work of one round (``train_on_partition`` in this process, no
@@ -10,7 +12,6 @@ Flower) is measured too. Prints a Markdown table (docs/benchmarks.md records the
 
     python benchmarks/deploy_overhead.py                     # generated 32x32 data, 4 clients, 6 rounds
     python benchmarks/deploy_overhead.py --polls 0.2,0.5     # the fast mode with a 0.2 s and a 0.5 s SuperNode poll
-    python benchmarks/deploy_overhead.py --memory-state      # + the fast mode with deploy.database=false
     python benchmarks/deploy_overhead.py --idle-cpu          # CPU burnt by an idle federation of 4 SuperNodes
 
     python benchmarks/deploy_overhead.py --data /data/cifar10-jpeg.tar.gz --local-steps 20 --rounds 6
@@ -40,15 +41,17 @@ def _overrides(args: argparse.Namespace, data: Path, cache: Path, run_dir: Path)
             f"hydra.run.dir={run_dir}"]
 
 
-def engines(polls: list[float], memory_state: bool) -> dict[str, tuple[str, list[str]]]:
-    """label -> (console script, extra overrides): simulation, stock deployment, fast deployment per poll (and
-    with the SuperLink's state in memory)."""
+def engines(polls: list[float]) -> dict[str, tuple[str, list[str]]]:
+    """label -> (console script, extra overrides): simulation, stock deployment (state in a file, as Flower's
+    ``--database``), fast deployment with the state in a file, fast deployment (default ``deploy.database=auto``:
+    in memory for this local federation) per poll interval."""
     out = {"flower-simulation": ("flower-simulation", []),
-           "flower-deploy deploy.fast=false (stock Flower)": ("flower-deploy", ["deploy.fast=false"])}
+           "flower-deploy deploy.fast=false deploy.database=true (stock Flower)": (
+               "flower-deploy", ["deploy.fast=false", "deploy.database=true"]),
+           "flower-deploy deploy.database=true (fast, state in a file)": ("flower-deploy", ["deploy.database=true"])}
     for poll in polls:
-        out[f"flower-deploy deploy.poll_interval={poll} (fast)"] = ("flower-deploy", [f"deploy.poll_interval={poll}"])
-    if memory_state:
-        out["flower-deploy deploy.database=false (fast)"] = ("flower-deploy", ["deploy.database=false"])
+        out[f"flower-deploy deploy.poll_interval={poll} (fast, default: state in memory)"] = (
+            "flower-deploy", [f"deploy.poll_interval={poll}"])
     return out
 
 
@@ -142,8 +145,6 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--eval-max", type=int, default=200)
     parser.add_argument("--polls", default="0.5", help="comma-separated deploy.poll_interval values (fast mode)")
-    parser.add_argument("--memory-state", action="store_true",
-                        help="also the fast deployment with deploy.database=false (SuperLink state in memory)")
     parser.add_argument("--idle-cpu", action="store_true",
                         help="only measure the CPU use of an idle federation (SuperLink + 4 SuperNodes, no run)")
     args = parser.parse_args()
@@ -163,7 +164,7 @@ def main() -> None:
         work = _client_work(args, data, cache)
         load_before = os.getloadavg()[0]
         results = {}
-        runs = engines([float(p) for p in args.polls.split(",")], args.memory_state)
+        runs = engines([float(p) for p in args.polls.split(",")])
         for i, (label, (engine, extra)) in enumerate(runs.items()):
             run_dir = tmp_path / f"run{i}"
             results[label] = _run(engine, [*_overrides(args, data, cache, run_dir), *extra], run_dir)
