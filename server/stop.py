@@ -6,7 +6,10 @@ the interpreter would wait for at exit, may be in a 600 s round timeout: an ordi
 ``sys.exit`` is then delayed for minutes, or lost. So :func:`exit_on_signals` routes both signals through
 ``signal.set_wakeup_fd`` (written by the C-level handler, whatever the main thread is doing) to a watcher
 thread, which prints one line, ends this process's descendants and exits with ``os._exit(128 + signal)``. The
-Python-level handler writes to the same pipe, in case a library took the wakeup fd over (an event loop may).
+Python-level handler tells the watcher too, in case a library took the wakeup fd over (an event loop may).
+The wakeup fd is read by a guard *process* (:mod:`server.stop_guard`) that forwards the signal to the watcher,
+because every in-process remedy needs the GIL: should a native call hold it, the guard prints the line and ends
+the run by force ``GUARD_GRACE`` seconds after the signal.
 
 Nothing is lost that a resume needs: metrics rows are flushed as they are written and checkpoints are
 replaced atomically. The descendants are a local Ray: GCS and raylet die with the driver (Ray fate-shares
@@ -51,14 +54,23 @@ def exit_on_signals(message: str) -> Iterator[None]:
         yield
         return
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    read_fd, write_fd = os.pipe()
+    read_fd, write_fd = os.pipe()  # wakeup fd: the C-level handler -> the guard process (or the watcher)
+    notify_r, notify_w = os.pipe()  # -> the watcher thread: from the guard and from the Python-level handler
     os.set_blocking(write_fd, False)
+    os.set_blocking(notify_w, False)
+    guard = _start_guard(read_fd, notify_w, message)
+    if guard is not None:
+        os.close(read_fd)  # the guard holds it: it sees EOF when this process closes write_fd or dies
+        watch_fd = notify_r
+    else:  # no guard process: the watcher reads the wakeup fd itself (as it did before the guard existed)
+        os.close(notify_r)
+        watch_fd = read_fd
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
 
     def on_signal(signum: int, frame: object) -> None:  # also tells the watcher, should the wakeup fd be taken
         with contextlib.suppress(OSError):
-            os.write(write_fd, bytes([signum]))
+            os.write(notify_w if guard is not None else write_fd, bytes([signum]))
 
     for sig in SIGNALS:
         signal.signal(sig, on_signal)
@@ -69,7 +81,7 @@ def exit_on_signals(message: str) -> Iterator[None]:
             previous_hook(info)
 
     sys.unraisablehook = unraisable
-    watcher = threading.Thread(target=_watch, args=(read_fd, message), name="exit-on-signals", daemon=True)
+    watcher = threading.Thread(target=_watch, args=(watch_fd, message), name="exit-on-signals", daemon=True)
     watcher.start()
     try:
         yield
@@ -88,9 +100,32 @@ def exit_on_signals(message: str) -> Iterator[None]:
         signal.set_wakeup_fd(previous_fd)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        os.close(write_fd)  # the watcher reads EOF and returns
+        os.close(write_fd)  # the guard (or the watcher) reads EOF and returns
+        if guard is not None:
+            with contextlib.suppress(Exception):
+                guard.wait(timeout=5)
+            os.close(notify_w)  # the guard's copy is closed too: the watcher reads EOF
         watcher.join(timeout=5)
-        os.close(read_fd)
+        os.close(watch_fd)
+
+
+GUARD_GRACE = 8.0  # seconds after a signal before the guard ends a run that did not exit (watcher path: <= 5 s)
+
+
+def _start_guard(wakeup_read: int, notify_write: int, message: str) -> Any:
+    """Start :mod:`server.stop_guard` for this process; None when it cannot start (the watcher then reads the
+    wakeup fd itself)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "server.stop_guard", "--parent", str(os.getpid()), "--wakeup-fd", str(wakeup_read),
+           "--notify-fd", str(notify_write), "--grace", str(GUARD_GRACE),
+           "--program", os.path.basename(sys.argv[0]) or "python", "--message", message]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    try:
+        return subprocess.Popen(cmd, pass_fds=(wakeup_read, notify_write), stdin=subprocess.DEVNULL, env=env)
+    except OSError:
+        return None
 
 
 def _watch(read_fd: int, message: str) -> None:

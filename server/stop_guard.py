@@ -1,0 +1,93 @@
+"""The signal guard of :func:`server.stop.exit_on_signals`: a small process that makes sure a signal ends the run.
+
+Inside a process, every way of acting on a signal needs the GIL: the signal module's C handler only writes a byte
+to the wakeup fd, and the thread that reads it (or a timer meant to end the process) runs only when it gets the
+GIL. A main thread blocked in C code that holds the GIL (a native library waiting on a socket, say) therefore
+freezes every in-process remedy, and a SIGTERM sent while Ray starts was seen, rarely, to leave the run alive
+for 30 s. This guard runs in its own process and reads the wakeup fd itself:
+
+- on SIGINT/SIGTERM it tells the watcher thread of the run (one byte on the notify pipe); the run then prints its
+  line and exits with ``128 + signal`` as usual;
+- if the run is still alive ``--grace`` seconds later, the guard prints the stop line itself (marked
+  "forced"), and SIGKILLs the run's descendants and the run (so the exit status is that of a SIGKILL);
+- when the run closes the wakeup pipe (the block ended) or dies, the guard exits.
+
+    python -m server.stop_guard --parent PID --wakeup-fd R --notify-fd W --grace 8 --program P --message M
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import time
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def parent_alive(parent: int) -> bool:
+    """Whether ``parent`` still runs (once it is gone this process is re-parented)."""
+    return os.getppid() == parent
+
+
+def force_end(parent: int) -> list[int]:
+    """SIGKILL ``parent`` and its descendants (except this process), tree first read, several sweeps."""
+    from server.procs import process_table
+    from server.stop import _descendants
+
+    killed: list[int] = []
+    for _ in range(5):
+        tree = [p for p in [parent, *_descendants(parent, process_table())] if p != os.getpid() and p not in killed]
+        if not tree:
+            break
+        for pid in tree:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        killed += tree
+    return killed
+
+
+def guard(parent: int, wakeup_fd: int, notify_fd: int, grace: float, program: str, message: str) -> None:
+    """Forward the run's SIGINT/SIGTERM to its watcher; end the run by force after ``grace`` seconds."""
+    while True:
+        try:
+            data = os.read(wakeup_fd, 64)
+        except OSError:
+            return
+        if not data:
+            return  # the run ended its block or died
+        received = [b for b in data if b in SIGNALS]
+        if not received:
+            continue
+        with contextlib.suppress(OSError):
+            os.write(notify_fd, bytes(received[:1]))
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not parent_alive(parent):
+                return
+            time.sleep(0.05)
+        name = signal.Signals(received[0]).name
+        with contextlib.suppress(OSError):
+            os.write(2, f"{program}: stopped by {name}; {message} (forced: the run did not exit within {grace:g} s "
+                        "of the signal)\n".encode())
+        force_end(parent)
+        return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m server.stop_guard", description=__doc__.split("\n")[0])
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--wakeup-fd", type=int, required=True)
+    parser.add_argument("--notify-fd", type=int, required=True)
+    parser.add_argument("--grace", type=float, default=8.0)
+    parser.add_argument("--program", default="python")
+    parser.add_argument("--message", default="")
+    args = parser.parse_args()
+    for sig in SIGNALS:  # a terminal's Ctrl-C reaches the whole group: the run decides, the guard watches
+        signal.signal(sig, signal.SIG_IGN)
+    guard(args.parent, args.wakeup_fd, args.notify_fd, args.grace, args.program, args.message)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The signal guard: SIGTERM ends a run whose main thread holds the GIL in native code (no in-process remedy can
+run then), and leaves the ordinary exit path (exit 143, one line) untouched."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from server import stop
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = textwrap.dedent("""
+    import re, sys, time
+    sys.path.insert(0, {root!r})
+    from server.stop import exit_on_signals
+    with exit_on_signals("results so far are elsewhere"):
+        print("ready", flush=True)
+        if sys.argv[1] == "holds-gil":
+            re.match(r"(a+)+$", "a" * 64 + "b")  # exponential backtracking in C, never releases the GIL
+        else:
+            time.sleep(120)
+""")
+
+
+@pytest.mark.parametrize("main_thread", ["sleeps", "holds-gil"])
+def test_sigterm_ends_the_run(tmp_path, main_thread):
+    script = tmp_path / "run.py"
+    script.write_text(RUN.format(root=str(ROOT)))
+    proc = subprocess.Popen([sys.executable, str(script), main_thread], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        guards = _guards(proc.pid)
+        assert len(guards) == 1, "one guard process per run"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("run.py: stopped by SIGTERM; results so far are elsewhere"), err[-2000:]
+    if main_thread == "sleeps":  # the watcher thread ends it: the usual status, at once
+        assert proc.returncode == 128 + signal.SIGTERM and took < 5 and "forced" not in last
+    else:  # nothing in the process can run: the guard ends it after its grace period
+        assert proc.returncode == -signal.SIGKILL and "forced" in last
+        assert stop.GUARD_GRACE <= took < stop.GUARD_GRACE + 5
+    time.sleep(0.3)
+    assert not [pid for pid in guards if _running(pid)], "the guard outlived the run"
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"  # a zombie has ended (its reaper here may be slow)
+
+
+def _guards(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"server.stop_guard" in (entry / "cmdline").read_bytes() and \
+                    f"--parent\x00{parent}\x00".encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
