@@ -64,6 +64,7 @@ def exit_on_signals(message: str) -> Iterator[None]:
         watch_fd = notify_r
     else:  # no guard process: the watcher reads the wakeup fd itself (as it did before the guard existed)
         os.close(notify_r)
+        os.close(notify_w)
         watch_fd = read_fd
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}

@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN = textwrap.dedent("""
     import re, sys, time
     sys.path.insert(0, {root!r})
+    from server import stop
     from server.stop import exit_on_signals
+    if sys.argv[1] == "no-guard":  # the guard process cannot start: the watcher reads the wakeup fd itself
+        stop._start_guard = lambda *args: None
     with exit_on_signals("results so far are elsewhere"):
         print("ready", flush=True)
         if sys.argv[1] == "holds-gil":
@@ -28,7 +31,7 @@ RUN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("main_thread", ["sleeps", "holds-gil"])
+@pytest.mark.parametrize("main_thread", ["sleeps", "holds-gil", "no-guard"])
 def test_sigterm_ends_the_run(tmp_path, main_thread):
     script = tmp_path / "run.py"
     script.write_text(RUN.format(root=str(ROOT)))
@@ -38,7 +41,7 @@ def test_sigterm_ends_the_run(tmp_path, main_thread):
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(0.5)
         guards = _guards(proc.pid)
-        assert len(guards) == 1, "one guard process per run"
+        assert len(guards) == (0 if main_thread == "no-guard" else 1), "one guard process per run"
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
@@ -49,7 +52,7 @@ def test_sigterm_ends_the_run(tmp_path, main_thread):
             proc.wait()
     last = err.strip().splitlines()[-1]
     assert last.startswith("run.py: stopped by SIGTERM; results so far are elsewhere"), err[-2000:]
-    if main_thread == "sleeps":  # the watcher thread ends it: the usual status, at once
+    if main_thread != "holds-gil":  # the watcher thread ends it: the usual status, at once
         assert proc.returncode == 128 + signal.SIGTERM and took < 5 and "forced" not in last
     else:  # nothing in the process can run: the guard ends it after its grace period
         assert proc.returncode == -signal.SIGKILL and "forced" in last
