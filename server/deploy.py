@@ -142,7 +142,7 @@ def _restart_superlink(fed: Federation) -> None:
 
     With the state in a file (``deploy.database``) the SuperNodes keep their IDs and reconnect by themselves
     (those that gave up meanwhile are started again); with the state in memory the new SuperLink knows none of
-    them, so every local SuperNode is stopped (SIGTERM, SIGKILL after ``RESTART_GRACE`` s) and started again
+    them, so every local SuperNode is stopped (SIGTERM, SIGKILL ~``RESTART_GRACE`` s later) and started again
     (after re-registering its key).
     """
     fed.start_superlink()
@@ -150,12 +150,7 @@ def _restart_superlink(fed: Federation) -> None:
         if fed.options.auth:  # registrations lived in the lost in-memory state
             for key in fed.node_keys.values():
                 fed.flwr("supernode", "register", str(key.public), "fedmomentum", check=False)
-        nodes = list(fed.supernodes.values())  # doomed: all at once, SIGKILL after a short grace
-        for proc in nodes:
-            proc.signal(signal.SIGTERM)
-        if not procs.wait_gone(nodes, RESTART_GRACE):
-            for proc in nodes:
-                proc.kill()
+        procs.stop_all(fed.supernodes.values(), RESTART_GRACE)  # doomed: all at once, a short grace
     else:
         try:
             fed.wait_nodes(len(fed.supernodes), timeout=20)

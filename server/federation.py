@@ -336,12 +336,7 @@ class Federation:
         """Stop the CLI, the SuperNodes, then the SuperLink, by PID; returns leftovers (pid -> cmdline)."""
         for proc in self.cli:
             proc.stop(5.0)
-        nodes = list(self.supernodes.values())
-        for proc in nodes:
-            proc.signal(15)
-        procs.wait_gone(nodes, self.options.stop_timeout)
-        for proc in nodes:
-            proc.stop(1.0)
+        procs.stop_all(self.supernodes.values(), self.options.stop_timeout)
         for proc in (self.superexec, self.superlink):
             if proc is not None:
                 proc.stop(self.options.stop_timeout)

@@ -176,6 +176,17 @@ def wait_gone(processes: Iterable[ManagedProcess], timeout: float) -> bool:
         time.sleep(0.2)
 
 
+def stop_all(processes: Iterable[ManagedProcess], timeout: float) -> bool:
+    """SIGTERM every process at once, wait up to ``timeout`` s for all of them, then stop what is left (SIGTERM,
+    SIGKILL after 1 s); True when all are gone."""
+    processes = list(processes)
+    for proc in processes:
+        proc.signal(signal.SIGTERM)
+    if wait_gone(processes, timeout):
+        return True
+    return all([proc.stop(1.0) for proc in processes])
+
+
 def leftovers(processes: Iterable[ManagedProcess]) -> dict[int, str]:
     """pid -> command line of members still alive (tests assert this is empty)."""
     table = process_table()

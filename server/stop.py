@@ -41,6 +41,7 @@ from server.procs import process_table
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STOPPING = threading.Event()  # set by the watcher as soon as a signal arrived
 SWEEP_TIMEOUT = 3.0  # seconds the watcher waits for end_descendants before exiting anyway
+_SPARED: set[int] = set()  # the guard process of the active block
 
 
 @contextlib.contextmanager
@@ -59,7 +60,9 @@ def exit_on_signals(message: str) -> Iterator[None]:
     os.set_blocking(write_fd, False)
     os.set_blocking(notify_w, False)
     guard = _start_guard(read_fd, notify_w, message)
+    _SPARED.clear()
     if guard is not None:
+        _SPARED.add(guard.pid)  # it ends this run's tree after it (and ends a frozen run): never swept here
         os.close(read_fd)  # the guard holds it: it sees EOF when this process closes write_fd or dies
         watch_fd = notify_r
     else:  # no guard process: the watcher reads the wakeup fd itself (as it did before the guard existed)
@@ -124,7 +127,9 @@ def _start_guard(wakeup_read: int, notify_write: int, message: str) -> Any:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     try:
-        return subprocess.Popen(cmd, pass_fds=(wakeup_read, notify_write), stdin=subprocess.DEVNULL, env=env)
+        # own session: a Ctrl-C to the run's process group must not kill the guard while it is starting
+        return subprocess.Popen(cmd, pass_fds=(wakeup_read, notify_write), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, env=env, start_new_session=True)
     except OSError:
         return None
 
@@ -159,8 +164,10 @@ def _exit(signum: int, message: str) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-    # in a thread of its own, bounded: reading /proc was seen to block after killing a child mid-exec
-    sweeper = threading.Thread(target=end_descendants, name="end-descendants", daemon=True)
+    # in a thread of its own, bounded, one sweep: reading /proc after killing a child mid-exec was seen to freeze
+    # every thread of this process (even timers); the guard process sweeps what is left once this one is gone
+    sweeper = threading.Thread(target=end_descendants, kwargs={"sweeps": 1 if _SPARED else 5},
+                               name="end-descendants", daemon=True)
     sweeper.start()
     sweeper.join(timeout=SWEEP_TIMEOUT)
     os._exit(128 + signum)
@@ -171,16 +178,19 @@ def _flush_stdout() -> None:
         sys.stdout.flush()
 
 
-def end_descendants(sweeps: int = 5) -> list[int]:
-    """SIGKILL every descendant of this process, by PID, parents before children; repeat while any is left.
+def end_descendants(root: int | None = None, sweeps: int = 5) -> list[int]:
+    """SIGKILL every descendant of ``root`` (default: this process), by PID, parents before children; repeat
+    while any is left. This process is never among them (the guard ends its parent's tree from below).
 
     The tree is read before each sweep, since a killed parent's children are re-parented out of sight (and
     not frozen with SIGSTOP first: stopping a child in the middle of its fork/exec made reading /proc hang).
     Returns the PIDs.
     """
+    root = os.getpid() if root is None else root
     killed: list[int] = []
     for _ in range(sweeps):
-        tree = [pid for pid in _descendants(os.getpid(), process_table()) if pid not in killed]
+        tree = [pid for pid in _descendants(root, process_table())
+                if pid not in killed and pid != os.getpid() and pid not in _SPARED]
         if not tree:
             break
         _send(tree, signal.SIGKILL)

@@ -6,8 +6,10 @@ GIL. A main thread blocked in C code that holds the GIL (a native library waitin
 freezes every in-process remedy, and a SIGTERM sent while Ray starts was seen, rarely, to leave the run alive
 for 30 s. This guard runs in its own process and reads the wakeup fd itself:
 
-- on SIGINT/SIGTERM it tells the watcher thread of the run (one byte on the notify pipe); the run then prints its
-  line and exits with ``128 + signal`` as usual;
+- on SIGINT/SIGTERM it notes the run's process tree and tells the watcher thread of the run (one byte on the
+  notify pipe); the run then prints its line, sweeps its tree once and exits with ``128 + signal`` as usual, and
+  the guard SIGKILLs whatever of the noted tree is left (the run itself must not read /proc after killing a
+  child mid-exec: that was seen to freeze all its threads);
 - if the run is still alive ``--grace`` seconds later, the guard prints the stop line itself (marked
   "forced"), and SIGKILLs the run's descendants and the run (so the exit status is that of a SIGKILL);
 - when the run closes the wakeup pipe (the block ended) or dies, the guard exits.
@@ -32,20 +34,20 @@ def parent_alive(parent: int) -> bool:
 
 
 def force_end(parent: int) -> list[int]:
-    """SIGKILL ``parent`` and its descendants (except this process), tree first read, several sweeps."""
+    """SIGKILL ``parent``'s descendants (not this process), then ``parent``."""
+    from server.stop import end_descendants
+
+    killed = end_descendants(parent)
+    with contextlib.suppress(OSError):
+        os.kill(parent, signal.SIGKILL)
+    return [*killed, parent]
+
+
+def _tree(parent: int) -> list[int]:
     from server.procs import process_table
     from server.stop import _descendants
 
-    killed: list[int] = []
-    for _ in range(5):
-        tree = [p for p in [parent, *_descendants(parent, process_table())] if p != os.getpid() and p not in killed]
-        if not tree:
-            break
-        for pid in tree:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        killed += tree
-    return killed
+    return [pid for pid in _descendants(parent, process_table()) if pid != os.getpid()]
 
 
 def guard(parent: int, wakeup_fd: int, notify_fd: int, grace: float, program: str, message: str) -> None:
@@ -60,11 +62,15 @@ def guard(parent: int, wakeup_fd: int, notify_fd: int, grace: float, program: st
         received = [b for b in data if b in SIGNALS]
         if not received:
             continue
+        tree = _tree(parent)  # before the run exits: afterwards its children are re-parented out of sight
         with contextlib.suppress(OSError):
             os.write(notify_fd, bytes(received[:1]))
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            if not parent_alive(parent):
+            if not parent_alive(parent):  # the run swept its tree once; end what is left of it
+                for pid in tree:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
                 return
             time.sleep(0.05)
         name = signal.Signals(received[0]).name

@@ -38,6 +38,29 @@ def run_cli(name, args, timeout=300, **kwargs):
                           env=env, **kwargs)
 
 
+def full_and_resumed(data, tmp_path, extra, kill_round=2):
+    """Run ``extra`` uninterrupted (``tmp_path/full``) and again killed after ``kill_round`` and resumed
+    (``tmp_path/killed``); asserts both finish and end with the bitwise-same model. Returns the two run dirs."""
+    import numpy as np
+
+    from server.results import read_metrics
+
+    full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
+    full = run_cli("flower-simulation", sim_args(data, full_dir, *extra))
+    assert full.returncode == 0, full.stderr[-2000:]
+    kill_after_round(sim_args(data, killed_dir, *extra), killed_dir, kill_round)
+    last = max(r["round"] for r in read_metrics(full_dir))
+    assert max(r["round"] for r in read_metrics(killed_dir)) < last, "the run finished before it was killed"
+    resumed = run_cli("flower-simulation", sim_args(data, killed_dir, *extra, "resume=true"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resuming" in (killed_dir / "run.log").read_text()
+    a, b = np.load(full_dir / "final_model.npz"), np.load(killed_dir / "final_model.npz")
+    assert a.files == b.files
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+    return full_dir, killed_dir
+
+
 def kill_after_round(args, run_dir, rnd):
     """Start `flower-simulation args`, SIGKILL its whole process group once round ``rnd`` is in the metrics."""
     from server.results import read_metrics

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import kill_after_round, run_cli, sim_args
+from conftest import full_and_resumed, run_cli, sim_args
 
 from server.results import read_metrics
 
@@ -70,21 +70,8 @@ def test_flower_plot_aggregates_runs(multirun, tmp_path):
 
 def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
     extra = ["num_rounds=4", "strategy=fedcm", "data.root=" + str(tiny_data["folder"])]
-    full = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "full", *extra))
-    assert full.returncode == 0, full.stderr[-2000:]
-
-    killed_dir = tmp_path / "killed"
-    kill_after_round(sim_args(tiny_data, killed_dir, *extra), killed_dir, 2)
-    done = max(r["round"] for r in read_metrics(killed_dir))
-    assert done < 4, "the run finished before it was killed"
-    resumed = run_cli("flower-simulation", sim_args(tiny_data, killed_dir, *extra, "resume=true"))
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "Resuming" in (killed_dir / "run.log").read_text()
-
-    a, b = np.load(tmp_path / "full" / "final_model.npz"), np.load(killed_dir / "final_model.npz")
-    for key in a.files:
-        np.testing.assert_array_equal(a[key], b[key])
-    rows_a, rows_b = read_metrics(tmp_path / "full"), read_metrics(killed_dir)
+    full_dir, killed_dir = full_and_resumed(tiny_data, tmp_path, extra)
+    rows_a, rows_b = read_metrics(full_dir), read_metrics(killed_dir)
     assert [r["round"] for r in rows_b] == [0, 1, 2, 3, 4]
     for ra, rb in zip(rows_a, rows_b):
         assert (ra["accuracy"], ra["loss"], ra.get("train_loss")) == (rb["accuracy"], rb["loss"], rb.get("train_loss"))
