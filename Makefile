@@ -18,9 +18,9 @@ $(VENV)/.installed: pyproject.toml
 
 # Main job: a small CIFAR-10 experiment (defaults: FedAvg, CNN, 20 clients, alpha=1, cyclic C=0.25, 10 rounds).
 # Data: DATA if given, else $$FEDMOMENTUM_DATA, else SHARED_DATA when it exists, else torchvision's download
-# (server/data_choice.py; its choice is the first line of the output).
+# (server/run/data_choice.py; its choice is the first line of the output).
 run: setup
-	$(BIN)/flower-simulation $$($(BIN)/python -m server.data_choice --data "$(DATA)" --shared "$(SHARED_DATA)" -- $(ARGS)) $(ARGS)
+	$(BIN)/flower-simulation $$($(BIN)/python -m server.run.data_choice --data "$(DATA)" --shared "$(SHARED_DATA)" -- $(ARGS)) $(ARGS)
 
 test: setup
 	$(BIN)/ruff check .

@@ -2,7 +2,7 @@
 
 Runs the identical Hydra config with ``flower-simulation``, with ``flower-deploy deploy.fast=false`` (stock
 Flower 1.39 processes: 3 s polling, one fresh ``flwr-clientapp`` per message, state in a ``--database`` file) and
-with ``flower-deploy`` (``deploy.fast=true``: short polling, warm ClientApp workers, see server/flwr_fast.py),
+with ``flower-deploy`` (``deploy.fast=true``: short polling, warm ClientApp workers, see server/deploy/flwr_fast.py),
 once with the SuperLink state in a file and once with the default (in memory for a local federation), and
 reads the per-round
 ``seconds`` column of each run's metrics (selection + client work + aggregation + server evaluation). Round 1
@@ -73,7 +73,7 @@ def _client_work(args: argparse.Namespace, data: Path, cache: Path) -> float:
 
     from client.app import train_on_partition
     from client.models import build_model
-    from server import config as config_lib
+    from server.run import config as config_lib
 
     cfg = {"model": {"name": "cnn"}, "data": {"name": "cifar10_folder", "root": str(data), "cache_dir": str(cache),
            "alpha": 0.0}, "num_clients": args.clients, "seed": 0,
@@ -104,8 +104,8 @@ def _cpu_seconds(pids: set[int]) -> dict[int, float]:
 
 def _idle_cpu(fast: bool, poll: float, seconds: float = 20.0) -> tuple[float, float]:
     """CPU seconds per second used by an idle SuperLink + 4 SuperNodes: (SuperLink side, all processes)."""
-    from server import procs
-    from server.federation import Federation, FederationOptions
+    from server.deploy.federation import Federation, FederationOptions
+    from server.run import procs
 
     with tempfile.TemporaryDirectory() as tmp:
         fed = Federation(Path(tmp) / "deploy", ROOT, FederationOptions(fast=fast, poll_interval=poll))

@@ -46,7 +46,7 @@ def plain_loop(data: Path, cache: Path, rounds: int, model: str = "cnn", server_
                client_lr: float = 0.01, threads: int | None = None, alpha: float = 0.0) -> PlainRun:
     """The same rounds without Flower: clients one after another in this process, FedAvg on the server."""
     torch.set_num_threads(threads or os.cpu_count() or 1)
-    torch.manual_seed(SEED)  # theta^0 exactly as server.build.initial_model makes it
+    torch.manual_seed(SEED)  # theta^0 exactly as server.run.build.initial_model makes it
     from client.models import build_model
 
     state = build_model(model).state_dict()

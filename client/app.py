@@ -11,6 +11,7 @@ stays cheap (``np.load(mmap_mode="r")`` plus a partition computed from the label
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from client import config as C
 from client.data import Dataset, load_dataset
 from client.models import build_model
 from client.partition import dirichlet_partition
-from client.train import _as_named, evaluate, get_device, load_arrays, local_train
+from client.train import TrainConfig, TrainResult, _as_named, evaluate, get_device, load_arrays, local_train
 from strategies import client_state
 from strategies import protocol as P
 
@@ -78,6 +79,55 @@ def _prepare(config: Mapping[str, Any], partition_id: int, node_config: Mapping[
 
 
 # --------------------------------------------------------------------------- plain functions
+@dataclass
+class TrainJob:
+    """One client's round, prepared: its resolved config, data indices, settings and the per-algorithm extras
+    (``correction``, ``momentum_term`` or ``anchor``) that :func:`client.train.local_train` takes."""
+
+    cfg: dict[str, Any]
+    ds: Dataset
+    model: torch.nn.Module  # the process's model object, holding the received weights
+    idx: np.ndarray
+    train_cfg: TrainConfig
+    extra: dict[str, Any]
+    store: client_state.ClientStateStore | None = None
+    received: dict[str, np.ndarray] | None = None
+    state_metrics: dict[str, int | float] = field(default_factory=dict)
+
+
+def prepare_train(
+    config: Mapping[str, Any],
+    arrays: Arrays,
+    partition_id: int,
+    correction: Arrays | None = None,
+    node_config: Mapping[str, Any] | None = None,
+    momentum_term: Arrays | None = None,
+) -> TrainJob:
+    """Resolve a train request into a :class:`TrainJob`; LocalGHBM and FedHBM read their node-local state here."""
+    cfg, ds, model = _prepare(config, partition_id, node_config)
+    received = _to_named_arrays(arrays)
+    load_arrays(model, received)
+    job = TrainJob(cfg, ds, model, get_partition(cfg, "train")[int(partition_id)], C.train_config(cfg, partition_id),
+                   {"correction": _to_named_arrays(correction) if correction is not None else None,
+                    "momentum_term": _to_named_arrays(momentum_term) if momentum_term is not None else None})
+    algorithm = job.train_cfg.algorithm
+    if algorithm in P.STATEFUL_ALGORITHMS:
+        job.received = {k: np.asarray(v) for k, v in _as_named(model.state_dict(), received, "model arrays").items()}
+        job.store = client_state.ClientStateStore.from_config(cfg, partition_id, node_config)
+        state, job.state_metrics = client_state.round_input(job.store, algorithm, job.train_cfg.server_round,
+                                                            job.received)
+        job.extra["anchor" if algorithm == "fedhbm" else "momentum_term"] = state
+    return job
+
+
+def finish_train(job: TrainJob, result: TrainResult) -> tuple[dict[str, np.ndarray], dict[str, int | float]]:
+    """(arrays as numpy, metrics) of a trained job; LocalGHBM and FedHBM write their node-local state here."""
+    out = {k: v.numpy() for k, v in result.arrays.items()}
+    if job.store is not None:
+        client_state.remember(job.store, job.train_cfg.algorithm, job.train_cfg.server_round, job.received, out)
+    return out, {**result.metrics, **job.state_metrics}
+
+
 def train_on_partition(
     config: Mapping[str, Any],
     arrays: Arrays,
@@ -89,26 +139,13 @@ def train_on_partition(
     """One round of local training of client ``partition_id``: (state_dict or q as numpy, metrics).
 
     ``correction`` is FedCM's term, ``momentum_term`` GHBM's m. LocalGHBM and FedHBM read and write their
-    node-local state here (:mod:`strategies.client_state`).
+    node-local state (:mod:`strategies.client_state`).
     """
-    cfg, ds, model = _prepare(config, partition_id, node_config)
-    idx = get_partition(cfg, "train")[int(partition_id)]
-    received = _to_named_arrays(arrays)
-    load_arrays(model, received)
-    train_cfg = C.train_config(cfg, partition_id)
-    extra = {"correction": _to_named_arrays(correction) if correction is not None else None,
-             "momentum_term": _to_named_arrays(momentum_term) if momentum_term is not None else None}
-    store, state_metrics = None, {}
-    if train_cfg.algorithm in P.STATEFUL_ALGORITHMS:
-        received = {k: np.asarray(v) for k, v in _as_named(model.state_dict(), received, "model arrays").items()}
-        store = client_state.ClientStateStore.from_config(cfg, partition_id, node_config)
-        state, state_metrics = client_state.round_input(store, train_cfg.algorithm, train_cfg.server_round, received)
-        extra["anchor" if train_cfg.algorithm == "fedhbm" else "momentum_term"] = state
-    result = local_train(model, ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, train_cfg, **extra)
-    out = {k: v.numpy() for k, v in result.arrays.items()}
-    if store is not None:
-        client_state.remember(store, train_cfg.algorithm, train_cfg.server_round, received, out)
-    return out, {**result.metrics, **state_metrics}
+    job = prepare_train(config, arrays, partition_id, correction, node_config, momentum_term)
+    ds = job.ds
+    result = local_train(job.model, ds.x_train[job.idx], ds.y_train[job.idx], ds.mean, ds.std, job.train_cfg,
+                         **job.extra)
+    return finish_train(job, result)
 
 
 def evaluate_on_partition(
@@ -136,21 +173,34 @@ def _partition_id(context: Context) -> int:
     return int(context.node_config[P.PARTITION_ID])
 
 
+def train_request(msg: Message, context: Context) -> dict[str, Any]:
+    """The keyword arguments of :func:`train_on_partition` that a train message asks for on this node."""
+    content = msg.content
+    records = content.array_records
+    return {"config": dict(content[P.CONFIG]), "arrays": content[P.ARRAYS], "partition_id": _partition_id(context),
+            "correction": content[P.FEDCM_CORRECTION] if P.FEDCM_CORRECTION in records else None,
+            "momentum_term": content[P.GHBM_MOMENTUM] if P.GHBM_MOMENTUM in records else None,
+            "node_config": context.node_config}
+
+
+def train_reply(msg: Message, context: Context, arrays: Mapping[str, np.ndarray],
+                metrics: Mapping[str, int | float]) -> Message:
+    """The reply to a train message: "arrays" (local model or q) and "metrics"; every engine builds it here.
+
+    The node remembers the message's data keys (``context.state``), so evaluate messages without them still work.
+    """
+    config = msg.content[P.CONFIG]
+    context.state[STATE_KEY] = ConfigRecord({k: config[k] for k in C.DATA_KEYS if k in config})
+    reply = RecordDict({P.ARRAYS: ArrayRecord({k: torch.from_numpy(v) for k, v in arrays.items()}),
+                        P.METRICS: MetricRecord(dict(metrics))})
+    return Message(reply, reply_to=msg)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local training; the reply's "arrays" is the local model (FedAvgM, FedCM, GHBM family) or q (LocalUpdate)."""
-    content = msg.content
-    records = content.array_records
-    correction = content[P.FEDCM_CORRECTION] if P.FEDCM_CORRECTION in records else None
-    momentum = content[P.GHBM_MOMENTUM] if P.GHBM_MOMENTUM in records else None
-    config = dict(content[P.CONFIG])
-    arrays, metrics = train_on_partition(config, content[P.ARRAYS], _partition_id(context), correction=correction,
-                                         node_config=context.node_config, momentum_term=momentum)
-    # remember the data keys, so evaluate messages without them still work (a fallback only)
-    context.state[STATE_KEY] = ConfigRecord({k: config[k] for k in C.DATA_KEYS if k in config})
-    reply = RecordDict({P.ARRAYS: ArrayRecord({k: torch.from_numpy(v) for k, v in arrays.items()}),
-                        P.METRICS: MetricRecord(metrics)})
-    return Message(reply, reply_to=msg)
+    arrays, metrics = train_on_partition(**train_request(msg, context))
+    return train_reply(msg, context, arrays, metrics)
 
 
 @app.evaluate()

@@ -14,7 +14,7 @@ from client.partition import parse_alpha
 from client.train import TrainConfig
 from strategies import protocol as P
 
-MODEL = "model"  # str: "cnn" | "resnet20"
+MODEL = "model"  # str: "cnn" | "resnet20" | "logreg"
 DATASET = "dataset"  # str: "cifar10" (torchvision) | "cifar10_folder" (folder or .tar.gz)
 DATA_ROOT = "data-root"  # str: dataset source; node_config["data-root"] overrides it
 CACHE_DIR = "cache-dir"  # str: decoded-array cache root ("" = $FEDMOMENTUM_CACHE or ~/.cache/fedmomentum)

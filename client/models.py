@@ -1,5 +1,6 @@
 """Models of seed 000 §IV-B: the LeNet-5-like CNN of Hsu et al. (2019) and ResNet-20 (He et al., 2016,
-CIFAR variant, following Idelbayev's ``resnet.py``) with GroupNorm (Wu & He, 2018) instead of BatchNorm.
+CIFAR variant, following Idelbayev's ``resnet.py``) with GroupNorm (Wu & He, 2018) instead of BatchNorm; and
+multinomial logistic regression on the normalised pixels, a convex objective with an exact optimum.
 
 GroupNorm uses ``GN_GROUPS = 2`` groups in every layer (as in common FL code, e.g. Hsieh et al. 2020 /
 FedML); it is affine, so it has the same 2*C parameters as BatchNorm and no buffers: a model's
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODELS = ("cnn", "resnet20")
+MODELS = ("cnn", "resnet20", "logreg")
 GN_GROUPS = 2
 
 
@@ -35,6 +36,21 @@ class LeNetCNN(nn.Module):
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         x = torch.flatten(x, 1)
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class LogisticRegression(nn.Module):
+    """Multinomial logistic regression: softmax(W x + b) on the flattened normalised pixels (30,730 parameters
+    for 3x32x32 inputs and 10 classes). Zero-initialised, the usual start of a convex problem: every seed starts
+    from the same model, and the cross-entropy objective (plus weight decay) is convex in (W, b)."""
+
+    def __init__(self, num_classes: int = 10, num_features: int = 3 * 32 * 32) -> None:
+        super().__init__()
+        self.linear = nn.Linear(num_features, num_classes)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.flatten(x, 1))
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -97,9 +113,11 @@ def resnet20(num_classes: int = 10) -> ResNet:
 
 
 def build_model(name: str, num_classes: int = 10) -> nn.Module:
-    """``"cnn"`` (LeNet-like CNN of Hsu et al. 2019) or ``"resnet20"`` (GroupNorm ResNet-20)."""
+    """``"cnn"`` (LeNet-like CNN of Hsu et al. 2019), ``"resnet20"`` (GroupNorm ResNet-20) or ``"logreg"``."""
     if name == "cnn":
         return LeNetCNN(num_classes)
+    if name == "logreg":
+        return LogisticRegression(num_classes)
     if name == "resnet20":
         return resnet20(num_classes)
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")

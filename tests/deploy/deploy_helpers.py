@@ -32,7 +32,7 @@ def compose(args: list[str]) -> dict[str, Any]:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from server import config as config_lib
+    from server.run import config as config_lib
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = hydra_compose(config_name="config", overrides=[a for a in args if not a.startswith("hydra.")])

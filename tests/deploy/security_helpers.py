@@ -6,8 +6,8 @@ import ipaddress
 import os
 from pathlib import Path
 
-from server import procs
-from server.federation import Federation
+from server.deploy.federation import Federation
+from server.run import procs
 
 
 def _ip(hex_addr: str) -> str:

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from deploy_helpers import assert_same_model, compose, flower_processes, overrides, rows
 
-from server import procs
-from server.deploy import deploy
-from server.federation import Federation
+from server.deploy.cli import deploy
+from server.deploy.federation import Federation
+from server.run import procs
 
 pytestmark = pytest.mark.e2e
 
 
-CLIENTAPP_MARKERS = ("flwr-clientapp", "clientapp-worker")  # stock Flower / server.flwr_fast's worker and forks
+CLIENTAPP_MARKERS = ("flwr-clientapp", "clientapp-worker")  # stock Flower / server.deploy.flwr_fast's worker and forks
 TRAIN_DELAY = 6.0  # the victim trains this much longer (test ClientApp `train-delay`)
 MIN_AGE = 2.5  # a ClientApp process alive this long is training (partition queries end well within a second)
 

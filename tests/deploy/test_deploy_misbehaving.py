@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from deploy_helpers import compose, final_model, flower_processes, overrides, rows
 
-from server.deploy import deploy
-from server.federation import Federation
+from server.deploy.cli import deploy
+from server.deploy.federation import Federation
 
 pytestmark = pytest.mark.e2e
 BROKEN = "nan,wrong-shape,zero-num-examples"  # one kind per round (tests/deploy/misbehaving_app.py)

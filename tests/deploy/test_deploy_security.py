@@ -15,9 +15,9 @@ import pytest
 from deploy_helpers import assert_same_model, compose, final_model, flower_processes, overrides, rows, run_cli
 from security_helpers import acquire_task, federation_sockets, runtime_port, start_intruder
 
-from server import tls
-from server.deploy import deploy
-from server.federation import LOOPBACK, Federation
+from server.deploy import tls
+from server.deploy.cli import deploy
+from server.deploy.federation import LOOPBACK, Federation
 
 pytestmark = pytest.mark.e2e
 ROUNDS = "num_rounds=3"

@@ -12,9 +12,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 from deploy_helpers import ROOT, compose, overrides
 
-from server import config as config_lib
-from server.deploy import state_in_file, validate_deploy
-from server.tls import make_node_key, make_tls
+from server.deploy.cli import state_in_file, validate_deploy
+from server.deploy.tls import make_node_key, make_tls
+from server.run import config as config_lib
 
 
 def test_certificates_chain_and_san(tmp_path):
@@ -44,7 +44,8 @@ def test_fab_is_small_and_holds_the_apps():
     fab = build_fab_from_disk(ROOT)
     names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
     assert len(fab) < 2 * 1024 * 1024  # Flower's limit is 10 MB
-    assert {"server/app.py", "client/app.py", "strategies/flower.py", "conf/config.yaml"} <= set(names)
+    assert {"server/run/app.py", "server/deploy/server_app.py", "client/app.py", "strategies/flower.py",
+            "conf/config.yaml"} <= set(names)
     assert not [n for n in names if n.startswith((".venv/", "outputs/", "multirun/"))]
 
 

@@ -1,4 +1,4 @@
-"""Pins of the Flower 1.39 internals that server/flwr_fast.py relies on: each test fails loudly (naming the
+"""Pins of the Flower 1.39 internals that server/deploy/flwr_fast.py relies on: each test fails loudly (naming the
 internal) when another flwr version changes one of them. Fast: no federation is started."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import flwr
 import pytest
 from deploy_helpers import ROOT
 
-from server import flwr_fast
-from server.round_grid import format_duration
+from server.deploy import flwr_fast
+from server.run.progress import format_duration
 
 
 def _params(fn) -> set[str]:
@@ -23,7 +23,7 @@ def _params(fn) -> set[str]:
 
 def test_flwr_version_is_the_one_read():
     assert flwr.__version__ == flwr_fast.FLWR_VERSION, (
-        f"server/flwr_fast.py was written against flwr {flwr_fast.FLWR_VERSION}; re-read the internals it lists "
+        f"server/deploy/flwr_fast.py was written against flwr {flwr_fast.FLWR_VERSION}; re-read the internals it lists "
         "in INTERNALS before using another version")
 
 

@@ -43,7 +43,7 @@ def full_and_resumed(data, tmp_path, extra, kill_round=2):
     (``tmp_path/killed``); asserts both finish and end with the bitwise-same model. Returns the two run dirs."""
     import numpy as np
 
-    from server.results import read_metrics
+    from server.report.metrics import read_metrics
 
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
     full = run_cli("flower-simulation", sim_args(data, full_dir, *extra))
@@ -63,7 +63,7 @@ def full_and_resumed(data, tmp_path, extra, kill_round=2):
 
 def kill_after_round(args, run_dir, rnd):
     """Start `flower-simulation args`, SIGKILL its whole process group once round ``rnd`` is in the metrics."""
-    from server.results import read_metrics
+    from server.report.metrics import read_metrics
 
     proc = subprocess.Popen([str(BIN / "flower-simulation"), *map(str, args)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)

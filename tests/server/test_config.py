@@ -3,8 +3,8 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from server import config as config_lib
-from server.simulation import CONF_DIR, backend_config
+from server.ray.engine import CONF_DIR, backend_config
+from server.run import config as config_lib
 
 
 def composed(*overrides):
@@ -97,7 +97,7 @@ def test_gpu_share_defaults_to_auto_and_is_zero_without_cuda():
 @pytest.mark.parametrize("preset, tau, weight_decay", [("ghbm_cnn", 10, 1e-4), ("ghbm_resnet20", 10, 1e-5),
                                                         ("fedhbm_cnn", None, 1e-4), ("fedhbm_resnet20", None, 1e-5)])
 def test_ghbm_presets_hold_the_authors_values_and_build_their_strategy(preset, tau, weight_decay, tiny_data):
-    from server.build import build_strategy
+    from server.run.build import build_strategy
 
     cfg = config_lib.validate(composed(f"+experiment={preset}", f"data.root={tiny_data['tarball']}"))
     assert cfg["strategy"].get("tau") == tau and cfg["client"]["weight_decay"] == weight_decay

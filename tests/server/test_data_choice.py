@@ -1,11 +1,11 @@
-"""`make run` on a fresh machine: which CIFAR-10 it uses (server/data_choice.py), without network."""
+"""`make run` on a fresh machine: which CIFAR-10 it uses (server/run/data_choice.py), without network."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from server.data_choice import DOWNLOAD, choose
+from server.run.data_choice import DOWNLOAD, choose
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_explicit_choices_win(tmp_path):
 
 
 def test_cli_prints_overrides_and_says_why_first(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "server.data_choice", "--shared", str(tmp_path / "none"), "--",
+    proc = subprocess.run([sys.executable, "-m", "server.run.data_choice", "--shared", str(tmp_path / "none"), "--",
                            "num_rounds=2"], capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
@@ -47,4 +47,4 @@ def test_make_run_uses_the_choice():
                           text=True, timeout=60, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr
     run_line = proc.stdout.strip().splitlines()[-1]
-    assert "-m server.data_choice" in run_line and "--shared" in run_line and "flower-simulation" in run_line
+    assert "-m server.run.data_choice" in run_line and "--shared" in run_line and "flower-simulation" in run_line

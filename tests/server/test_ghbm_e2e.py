@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import full_and_resumed, run_cli, sim_args
 
-from server.results import read_metrics
+from server.report.metrics import read_metrics
 
 pytestmark = pytest.mark.e2e
 

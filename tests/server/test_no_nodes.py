@@ -14,9 +14,9 @@ from flwr.clientapp import ClientApp
 from flwr.simulation import run_simulation
 from hydra import compose, initialize_config_dir
 
-from server import config as config_lib
-from server.app import make_server_app
-from server.simulation import CONF_DIR, backend_config
+from server.ray.engine import CONF_DIR, backend_config
+from server.run import config as config_lib
+from server.run.app import make_server_app
 from strategies.client_manager import NoNodesError
 
 silent_app = ClientApp()

@@ -8,9 +8,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from server import build
-from server import config as config_lib
-from server.simulation import CONF_DIR
+from server.ray.engine import CONF_DIR
+from server.run import build
+from server.run import config as config_lib
 
 
 def composed(*overrides, hydra=False):

@@ -18,8 +18,8 @@ from client.app import train_on_partition
 from client.data import load_dataset
 from client.models import build_model
 from client.partition import dirichlet_partition
-from server import config as config_lib
-from server.results import read_metrics
+from server.report.metrics import read_metrics
+from server.run import config as config_lib
 from strategies import math as fm
 from strategies.participation import make_schedule
 
@@ -31,8 +31,8 @@ FIXED = ["strategy=localupdate", "strategy.server_optimizer=yogi", "participatio
 
 def report(*args):
     """flower-report through its module (works before the console script is installed)."""
-    return subprocess.run([sys.executable, "-m", "server.report", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "server.report.sweep", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from server import quiet
+from server.run import quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 

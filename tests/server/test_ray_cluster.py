@@ -17,7 +17,7 @@ import pytest
 from conftest import sim_args
 from raytools import BIN, RayNodes, private_ray_tmp, ray_env, wait_gone
 
-from server.results import read_metrics
+from server.report.metrics import read_metrics
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ from conftest import sim_args
 from datagen import make_image_folder
 from raytools import BIN, free_port, private_ray_tmp, processes_with, ray_env, wait_gone
 
-from server.results import read_metrics
+from server.report.metrics import read_metrics
 
 pytestmark = pytest.mark.e2e
 NOISE = ("DEPRECATED FEATURE", "run_simulation", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "FutureWarning",

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from server import stop
+from server.run import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = textwrap.dedent("""
     import re, sys, time
     sys.path.insert(0, {root!r})
-    from server import stop
-    from server.stop import exit_on_signals
+    from server.run import stop
+    from server.run.stop import exit_on_signals
     if sys.argv[1] == "no-guard":  # the guard process cannot start: the watcher reads the wakeup fd itself
         stop._start_guard = lambda *args: None
     with exit_on_signals("results so far are elsewhere"):
@@ -73,7 +73,7 @@ def _guards(parent: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"server.stop_guard" in (entry / "cmdline").read_bytes() and \
+            if entry.name.isdigit() and b"server.run.stop_guard" in (entry / "cmdline").read_bytes() and \
                     f"--parent\x00{parent}\x00".encode() in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
         except OSError:

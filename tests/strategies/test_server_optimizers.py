@@ -9,7 +9,7 @@ from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedYogi
 from test_flower_strategies import NodeList, initial_record, replies_for, run_rounds, task_identity  # noqa: F401
 
-from server import checkpoint
+from server.run import checkpoint
 from strategies import FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay
 from strategies import math as fm
 

@@ -7,7 +7,7 @@
     flower-deploy resume=true run_dir=outputs/2026-01-01/12-00-00 hydra.run.dir=outputs/2026-01-01/12-00-00
 
 The config is composed and validated exactly as for ``flower-simulation``, then sent to the ServerApp
-(``server.app:app``) base64-encoded in the run config key ``config-b64`` through ``flwr run --stream``.
+(``server.deploy.server_app:app``) base64-encoded in the run config key ``config-b64`` through ``flwr run --stream``.
 The run writes the same run directory; the deployment's own files (logs, certificates, ``$FLWR_HOME``)
 go to ``<run_dir>/deploy``. Every process started here is stopped again, also on Ctrl-C, SIGTERM and failure.
 """
@@ -25,11 +25,11 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from server import config as config_lib
-from server import procs
-from server.federation import LOOPBACK, DeployError, Federation, FederationOptions, RunResult
+from server.deploy.federation import LOOPBACK, DeployError, Federation, FederationOptions, RunResult
+from server.run import config as config_lib
+from server.run import procs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
 RESTART_GRACE = 3.0  # seconds local SuperNodes get to exit after SIGTERM when a memory-state SuperLink restarts
 _OPTION_KEYS = ("host", "address", "fleet_port", "control_port", "superlink", "root_certificates", "tls", "auth",
@@ -58,7 +58,7 @@ def state_in_file(deploy: dict[str, Any], num_clients: int | None) -> bool:
 
 
 def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Check the ``deploy`` group (after :func:`server.config.validate`); returns it."""
+    """Check the ``deploy`` group (after :func:`server.run.config.validate`); returns it."""
     d = cfg.get("deploy")
     if not isinstance(d, dict):
         raise config_lib.ConfigError("missing config group 'deploy'")
@@ -171,7 +171,7 @@ def _write_pids(fed: Federation) -> None:
 
 
 def _last_run_id(fed: Federation) -> int | None:
-    from server.federation import RUN_ID
+    from server.deploy.federation import RUN_ID
 
     text = (fed.log_dir / "flwr-run.log").read_text() if (fed.log_dir / "flwr-run.log").exists() else ""
     found = RUN_ID.findall(text)

@@ -15,20 +15,20 @@ A stock Flower 1.39 deployment loses seconds per round in fixed waits (read in t
 
 This module keeps Flower's files untouched and instead runs
 
-- :func:`superlink_main` (``python -m server.flwr_fast superlink <flower-superlink args>``): Flower's own
+- :func:`superlink_main` (``python -m server.deploy.flwr_fast superlink <flower-superlink args>``): Flower's own
   ``flower-superlink`` in this process, whose object store is always in memory (the LinkState, i.e. nodes,
   keys, runs and messages, still lives in the ``--database`` file; objects of messages in flight are lost in a
   SuperLink crash, and flower-deploy resumes the run from its checkpoint anyway), and whose Fleet handlers look
   up a running run's status at most every ``RUN_STATUS_TTL`` seconds (:class:`RunStatusCache`; with a database
   file Flower runs a status query and two clean-up UPDATEs for every object pushed or pulled);
 
-- :func:`supernode_main` (``python -m server.flwr_fast supernode <flower-supernode args>``): Flower's own
+- :func:`supernode_main` (``python -m server.deploy.flwr_fast supernode <flower-supernode args>``): Flower's own
   ``flower-supernode`` in this process, with the two sleeps of ``start_client_internal`` capped at
   ``--poll-interval`` seconds (the module's ``time`` is replaced by :class:`ShortSleepTime`), started with
   ``--isolation process`` and a SuperExec auth secret, plus one warm ClientApp worker as its child; the loop's
   ``_pull_and_store_message`` is wrapped to write one byte into a pipe to the worker whenever a message (and
   all its objects) has arrived;
-- :func:`worker_main` (``python -m server.flwr_fast clientapp-worker``): a replacement for SuperExec that
+- :func:`worker_main` (``python -m server.deploy.flwr_fast clientapp-worker``): a replacement for SuperExec that
   imports torch and flwr once, waits on that pipe (no idle polling; a slow fallback poll covers a lost byte),
   takes the ClientApp task from the SuperNode's Runtime API (``AcquireTask``, signed with the SuperExec auth
   secret) and runs it in a **fresh fork** (``run_clientapp``, exactly what ``flwr-clientapp`` runs), so every
@@ -36,9 +36,9 @@ This module keeps Flower's files untouched and instead runs
   (:class:`InstallOnce`; Flower unzips and re-hashes it for every message).
 
 :func:`patch_object_pulls` shortens that backoff (0.05 s doubling to 0.5 s; the total budget stays Flower's
-``PULL_MAX_TIME``) in the SuperNode, in each ClientApp fork and, through ``server/app.py``, in the ServerApp.
-The ServerApp's 3 s reply polling is cut with public Grid calls in :mod:`server.round_grid`, and the SuperLink's
-SuperExec poll interval with Flower's public ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (see server/federation.py).
+``PULL_MAX_TIME``) in the SuperNode, in each ClientApp fork and, through ``server/run/app.py``, in the ServerApp.
+The ServerApp's 3 s reply polling is cut with public Grid calls in :mod:`server.run.progress`, and the SuperLink's
+SuperExec poll interval with Flower's public ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (see server/deploy/federation.py).
 :data:`INTERNALS` lists every internal used here; ``tests/deploy/test_flwr_fast_pins.py`` fails loudly when
 one of them changes (another flwr version). docs/deploy.md explains the whole mechanism.
 """
@@ -214,7 +214,7 @@ def superlink_main(argv: list[str]) -> None:
 # --------------------------------------------------------------------------- SuperNode launcher
 def _supernode_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m server.flwr_fast supernode",
+        prog="python -m server.deploy.flwr_fast supernode",
         description="flower-supernode with short polling and a warm ClientApp worker; every other argument "
                     "is passed to flower-supernode unchanged")
     parser.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL,
@@ -300,7 +300,8 @@ def _start_worker(runtime_address: str, secret_file: str, notify_fd: int, fab_ma
     import subprocess
 
     fab_marker_dir.mkdir(mode=0o700)
-    cmd = [sys.executable, "-m", "server.flwr_fast", "clientapp-worker", "--runtime-api-address", runtime_address,
+    cmd = [sys.executable, "-m", "server.deploy.flwr_fast", "clientapp-worker",
+           "--runtime-api-address", runtime_address,
            "--superexec-auth-secret-file", secret_file, "--parent-pid", str(os.getpid()),
            "--notify-fd", str(notify_fd), "--fab-marker-dir", str(fab_marker_dir)]
     return subprocess.Popen(cmd, pass_fds=(notify_fd,))
@@ -340,7 +341,7 @@ def patch_fab_install(marker_dir: Path) -> None:
 
 
 def _worker_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m server.flwr_fast clientapp-worker",
+    parser = argparse.ArgumentParser(prog="python -m server.deploy.flwr_fast clientapp-worker",
                                      description="Warm ClientApp worker: one fork per ClientApp task")
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (HOST:PORT)")
     parser.add_argument("--superexec-auth-secret-file", required=True)
@@ -447,10 +448,10 @@ def _fork_task(runtime_address: str, token: str) -> int:
 
 
 def main() -> None:
-    """``python -m server.flwr_fast {supernode|clientapp-worker} ...``."""
+    """``python -m server.deploy.flwr_fast {supernode|clientapp-worker} ...``."""
     commands = {"superlink": superlink_main, "supernode": supernode_main, "clientapp-worker": worker_main}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
-        raise SystemExit(f"usage: python -m server.flwr_fast {{{'|'.join(commands)}}} [args]")
+        raise SystemExit(f"usage: python -m server.deploy.flwr_fast {{{'|'.join(commands)}}} [args]")
     commands[sys.argv[1]](sys.argv[2:])
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from server.config import ConfigError
+from server.run.config import ConfigError
 
 PROBE_TIMEOUT = 5.0  # seconds for the head's GCS port to accept a TCP connection
 NODE_CHECK_TIMEOUT = 120.0  # seconds for every node to run its check task (workers may start cold)

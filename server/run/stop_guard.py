@@ -1,4 +1,4 @@
-"""The signal guard of :func:`server.stop.exit_on_signals`: a small process that makes sure a signal ends the run.
+"""The signal guard of :func:`server.run.stop.exit_on_signals`: a small process that makes sure a signal ends the run.
 
 Inside a process, every way of acting on a signal needs the GIL: the signal module's C handler only writes a byte
 to the wakeup fd, and the thread that reads it (or a timer meant to end the process) runs only when it gets the
@@ -14,7 +14,7 @@ for 30 s. This guard runs in its own process and reads the wakeup fd itself:
   "forced"), and SIGKILLs the run's descendants and the run (so the exit status is that of a SIGKILL);
 - when the run closes the wakeup pipe (the block ended) or dies, the guard exits.
 
-    python -m server.stop_guard --parent PID --wakeup-fd R --notify-fd W --grace 8 --program P --message M
+    python -m server.run.stop_guard --parent PID --wakeup-fd R --notify-fd W --grace 8 --program P --message M
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def parent_alive(parent: int) -> bool:
 
 def force_end(parent: int) -> list[int]:
     """SIGKILL ``parent``'s descendants (not this process), then ``parent``."""
-    from server.stop import end_descendants
+    from server.run.stop import end_descendants
 
     killed = end_descendants(parent)
     with contextlib.suppress(OSError):
@@ -44,8 +44,8 @@ def force_end(parent: int) -> list[int]:
 
 
 def _tree(parent: int) -> list[int]:
-    from server.procs import process_table
-    from server.stop import _descendants
+    from server.run.procs import process_table
+    from server.run.stop import _descendants
 
     return [pid for pid in _descendants(parent, process_table()) if pid != os.getpid()]
 
@@ -82,7 +82,7 @@ def guard(parent: int, wakeup_fd: int, notify_fd: int, grace: float, program: st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m server.stop_guard", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m server.run.stop_guard", description=__doc__.split("\n")[0])
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--wakeup-fd", type=int, required=True)
     parser.add_argument("--notify-fd", type=int, required=True)

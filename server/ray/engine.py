@@ -1,32 +1,26 @@
-"""``flower-simulation``: a Hydra-configured experiment in Flower's simulation engine (Ray backend).
+"""The Ray engine (``engine=ray``, the default of ``flower-simulation``): Flower's simulation, one ClientApp actor
+per CPU (or GPU share).
 
-    flower-simulation strategy=fedcm model=resnet20 num_rounds=100 data.root=/data/cifar10-jpeg.tar.gz
     flower-simulation +experiment=fedavg_cnn backend.num_gpus=0.25      # paper preset, 4 clients per GPU
-    flower-simulation -m seed=0,1,2,3,4                                    # five seeds, one run dir each
     flower-simulation backend.address=auto                                 # on the Ray cluster of `ray start`
 
 The config and the data are checked before Ray starts; every simulated SuperNode owns one partition
-(``partition-id`` = its index), and the ServerApp runs :func:`server.app.run_experiment`. Which Ray is used
-(a fresh local one unless ``backend.address`` names a cluster) is decided in :mod:`server.ray_cluster`;
-SIGINT/SIGTERM end the run in any phase (:mod:`server.stop`).
+(``partition-id`` = its index), and the ServerApp runs :func:`server.run.app.run_experiment`. Which Ray is used
+(a fresh local one unless ``backend.address`` names a cluster) is decided in :mod:`server.ray.cluster`;
+SIGINT/SIGTERM end the run in any phase (:mod:`server.run.stop`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
-import hydra
-from omegaconf import DictConfig
+from server.ray import cluster as ray_cluster
+from server.run import config as config_lib
+from server.run import quiet
+from server.run.config import CONF_DIR  # noqa: F401 - re-exported for tests and scripts
 
-from server import config as config_lib
-from server import quiet, ray_cluster
-from server.stop import exit_on_signals
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 AUTO_CLIENTS_PER_GPU = 4
 
 
@@ -79,7 +73,7 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     from client.app import app as client_app
-    from server.app import make_server_app
+    from server.run.app import make_server_app
 
     result: dict[str, Any] = {}
     run_simulation(
@@ -130,57 +124,3 @@ def _check_local_resources(cfg: dict[str, Any]) -> None:
     if float(b.get("num_cpus", 1)) > cpus:
         raise config_lib.ConfigError(f"'backend.num_cpus'={b.get('num_cpus')} is more than the {cpus} CPUs Ray "
                                      "gets here (backend.init_num_cpus or all cores)")
-
-
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def _hydra_main(cfg: DictConfig) -> None:
-    root = logging.getLogger()  # Flower logs to the console itself: keep Hydra's file handler only
-    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
-        root.removeHandler(handler)
-    plain = config_lib.to_plain(cfg)
-    plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
-    stopped = f"results so far are in {plain['run_dir']} (resume=true continues from the last checkpoint)"
-    try:
-        with exit_on_signals(stopped):
-            summary = simulate(plain)
-    except config_lib.ConfigError as err:
-        logging.getLogger("flower-simulation").error("invalid configuration: %s", err)
-        print(f"flower-simulation: invalid configuration: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except Exception as err:
-        from server.app import DivergenceError
-        from strategies.client_manager import NoNodesError
-
-        if isinstance(err, (DivergenceError, NoNodesError)):
-            print(f"flower-simulation: {err}", file=sys.stderr)
-            failed = isinstance(err, NoNodesError)
-            if _is_multirun():  # the sweep goes on (status.json says why); exit 3 or 1 after the last job
-                (FAILED_JOBS if failed else DIVERGED_JOBS).append(plain["run_dir"])
-                return
-            raise SystemExit(1 if failed else 3) from None
-        raise
-    print(f"flower-simulation: finished {summary['rounds']} rounds, accuracy {summary['accuracy']}, "
-          f"results in {summary['run_dir']}")
-
-
-DIVERGED_JOBS: list[str] = []  # run dirs of the diverged jobs of this multirun
-FAILED_JOBS: list[str] = []  # run dirs of the jobs no node answered (e.g. Ray actors that failed to start)
-
-
-def _is_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def main() -> None:
-    """Console entry point. A multirun runs every job; it exits with 1 when any of them failed (no node
-    answered), else with 3 when any of them diverged."""
-    _hydra_main()
-    if FAILED_JOBS:
-        print(f"flower-simulation: {len(FAILED_JOBS)} job(s) failed: {', '.join(FAILED_JOBS)}", file=sys.stderr)
-    if DIVERGED_JOBS:
-        print(f"flower-simulation: {len(DIVERGED_JOBS)} job(s) diverged: {', '.join(DIVERGED_JOBS)}", file=sys.stderr)
-    if FAILED_JOBS or DIVERGED_JOBS:
-        raise SystemExit(1 if FAILED_JOBS else 3)

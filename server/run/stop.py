@@ -7,7 +7,7 @@ the interpreter would wait for at exit, may be in a 600 s round timeout: an ordi
 ``signal.set_wakeup_fd`` (written by the C-level handler, whatever the main thread is doing) to a watcher
 thread, which prints one line, ends this process's descendants and exits with ``os._exit(128 + signal)``. The
 Python-level handler tells the watcher too, in case a library took the wakeup fd over (an event loop may).
-The wakeup fd is read by a guard *process* (:mod:`server.stop_guard`) that forwards the signal to the watcher,
+The wakeup fd is read by a guard *process* (:mod:`server.run.stop_guard`) that forwards the signal to the watcher,
 because every in-process remedy needs the GIL: should a native call hold it, the guard prints the line and ends
 the run by force ``GUARD_GRACE`` seconds after the signal.
 
@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from server.procs import process_table
+from server.run.procs import process_table
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STOPPING = threading.Event()  # set by the watcher as soon as a signal arrived
@@ -117,14 +117,14 @@ GUARD_GRACE = 8.0  # seconds after a signal before the guard ends a run that did
 
 
 def _start_guard(wakeup_read: int, notify_write: int, message: str) -> Any:
-    """Start :mod:`server.stop_guard` for this process; None when it cannot start (the watcher then reads the
+    """Start :mod:`server.run.stop_guard` for this process; None when it cannot start (the watcher then reads the
     wakeup fd itself)."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "server.stop_guard", "--parent", str(os.getpid()), "--wakeup-fd", str(wakeup_read),
+    cmd = [sys.executable, "-m", "server.run.stop_guard", "--parent", str(os.getpid()), "--wakeup-fd", str(wakeup_read),
            "--notify-fd", str(notify_write), "--grace", str(GUARD_GRACE),
            "--program", os.path.basename(sys.argv[0]) or "python", "--message", message]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     try:
         # own session: a Ctrl-C to the run's process group must not kill the guard while it is starting

@@ -4,13 +4,13 @@
 SuperNodes, each owning one data partition (``--node-config "partition-id=i num-partitions=N"``), writes the
 CLI connection into a private ``$FLWR_HOME/config.toml`` and submits runs with ``flwr run --stream``.
 With ``spawn=False`` it only writes the connection of an existing SuperLink. Every process it starts is
-stopped by PID in :meth:`Federation.stop` (see :mod:`server.procs`). Facts about the Flower processes are in
+stopped by PID in :meth:`Federation.stop` (see :mod:`server.run.procs`). Facts about the Flower processes are in
 ``/work/shared/notes/flower-1.39.md`` and docs/deploy.md.
 
 Security: the SuperLink's Control and Runtime HTTP API (one port) always binds 127.0.0.1 (Flower 1.39's Control
 API authenticates no one); only the Fleet API follows ``host``. The SuperLink runs with ``--isolation process``
 and its SuperExec (started here) signs its task requests with a per-federation SuperExec auth secret; so do the
-SuperNodes' ClientApp workers (``fast``, :mod:`server.flwr_fast`). SuperNodes give up after
+SuperNodes' ClientApp workers (``fast``, :mod:`server.deploy.flwr_fast`). SuperNodes give up after
 ``supernode_max_wait`` seconds without a SuperLink instead of retrying forever.
 """
 
@@ -30,10 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from server import flwr_fast, procs, tls
+from server.deploy import flwr_fast, tls
+from server.run import procs
 
 CONNECTION = "fedmomentum"
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RUN_ID = re.compile(r"Successfully started run (\d+)")
 LOOPBACK = "127.0.0.1"  # the Control/Runtime APIs never leave it
 BASE_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -61,7 +62,7 @@ class FederationOptions:
     database: bool = True  # keep the SuperLink state in a file (survives a SuperLink restart)
     startup_timeout: float = 60.0
     stop_timeout: float = 15.0
-    fast: bool = True  # short polling + warm ClientApp workers (server.flwr_fast); False = stock Flower processes
+    fast: bool = True  # short polling + warm ClientApp workers (server.deploy.flwr_fast); False = stock Flower
     poll_interval: float = 0.5  # seconds between a SuperNode's idle pulls with ``fast`` (Flower: 3)
     supernode_max_wait: float = 60.0  # SuperNodes exit after this many seconds without reaching the SuperLink
 
@@ -108,7 +109,7 @@ class Federation:
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # flower-superexec etc.
         pythonpath = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         self.env = {**os.environ, **BASE_ENV, **(FAST_ENV if opts.fast else {}), "FLWR_HOME": str(self.flwr_home),
-                    "PATH": path, "PYTHONPATH": pythonpath}  # PYTHONPATH: `python -m server.flwr_fast` is this code
+                    "PATH": path, "PYTHONPATH": pythonpath}  # `-m server.deploy.flwr_fast` is this code
         self.secret_file = flwr_fast.write_secret(self.workdir / "secrets" / "superexec.secret") if self.spawn else None
         self.database = self.workdir / "superlink-state.db"
         if self.spawn:  # a new federation starts from an empty state (stale nodes would look online)
@@ -134,7 +135,7 @@ class Federation:
         """Start (or restart) the SuperLink and wait until its HTTP API answers ``/health``."""
         if not self.spawn:
             raise RuntimeError("this federation uses an existing SuperLink")
-        launcher = [sys.executable, "-m", "server.flwr_fast", "superlink"] if self.options.fast else \
+        launcher = [sys.executable, "-m", "server.deploy.flwr_fast", "superlink"] if self.options.fast else \
             [procs.executable("flower-superlink")]  # fast: objects in memory, state in the database file
         cmd = [*launcher, *self._security_flags(),
                "--fleet-api-address", f"{self.options.host}:{self.fleet_port}",
@@ -189,7 +190,8 @@ class Federation:
 
     # ----------------------------------------------------------------------- SuperNodes
     def supernode_command(self, node_config: str, security: list[str]) -> list[str]:
-        """The SuperNode command line: Flower's ``flower-supernode``, or its fast launcher (:mod:`server.flwr_fast`).
+        """The SuperNode command line: Flower's ``flower-supernode``, or its fast launcher
+        (:mod:`server.deploy.flwr_fast`).
 
         ``security`` holds the TLS/auth flags; the Runtime API stays on 127.0.0.1 on a free port.
         """
@@ -197,7 +199,7 @@ class Federation:
                   "--host", LOOPBACK, "--port", str(procs.free_port()), "--node-config", node_config]
         if not self.options.fast:
             return [procs.executable("flower-supernode"), *common]
-        return [sys.executable, "-m", "server.flwr_fast", "supernode", "--poll-interval",
+        return [sys.executable, "-m", "server.deploy.flwr_fast", "supernode", "--poll-interval",
                 str(self.options.poll_interval), "--superexec-auth-secret-file", str(self.secret_file), *common]
 
     def start_supernode(self, partition_id: int, num_partitions: int, data_root: str | None = None,

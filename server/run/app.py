@@ -23,10 +23,10 @@ from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from server import build, checkpoint, flwr_fast
-from server import config as config_lib
-from server.results import MetricsWriter, plot_run
-from server.round_grid import ProgressGrid
+from server.report.metrics import MetricsWriter, plot_run
+from server.run import build, checkpoint
+from server.run import config as config_lib
+from server.run.progress import ProgressGrid
 from strategies import protocol
 from strategies.client_manager import NoNodesError
 
@@ -197,22 +197,6 @@ def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any]) -> None:
         fmt("loss"), fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"],
         row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"], row["num_refused"],
         row["num_reassigned"], row["seconds"], _pop_text(row))
-
-
-# --------------------------------------------------------------------------- deployed ServerApp
-app = ServerApp()
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """Deployment entry: the config arrives base64-encoded in the run config key ``config-b64``."""
-    encoded = str(context.run_config.get("config-b64", ""))
-    if not encoded:
-        raise config_lib.ConfigError("run config key 'config-b64' is empty: submit runs with flower-deploy")
-    cfg = config_lib.decode(encoded)
-    if (cfg.get("deploy") or {}).get("fast", True):  # short retries when a reply's objects are still uploading
-        flwr_fast.patch_object_pulls(flwr_fast.SERVERAPP_GRID)
-    run_experiment(grid, cfg, cfg["run_dir"])
 
 
 def make_server_app(cfg: dict[str, Any], result: dict[str, Any]) -> ServerApp:

@@ -13,16 +13,19 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from client.partition import parse_alpha
 from strategies import math as fm
 from strategies.participation import make_schedule
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config groups
 STRATEGIES = ("fedavgm", "fedcm", "localupdate", "localupdate_decay", "ghbm", "localghbm", "fedhbm")
 FEDOPT_STRATEGIES = ("fedavgm", "localupdate", "localupdate_decay")  # accept strategy.server_optimizer
 GHBM_FAMILY = ("ghbm", "localghbm", "fedhbm")
-MODELS = ("cnn", "resnet20")
+MODELS = ("cnn", "resnet20", "logreg")
+ENGINES = ("ray", "batched")
 DATASETS = ("cifar10", "cifar10_folder")
 TOY_DATASETS = ()
 
@@ -119,7 +122,40 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _validate_trust(cfg)
     _validate_data(cfg, check_paths)
     _validate_backend(cfg.get("backend", {}))
+    _validate_engine(cfg)
     return cfg
+
+
+def engine_name(cfg: Mapping[str, Any]) -> str:
+    """``engine.name`` (``ray`` when the config has no engine group)."""
+    return str((cfg.get("engine") or {}).get("name", "ray"))
+
+
+def _validate_engine(cfg: Mapping[str, Any]) -> None:
+    """``engine.name`` ∈ ENGINES; the batched engine's ``chunk_size`` (auto | int ≥ 1), ``vectorize``
+    (auto | true | false) and ``device`` (auto | cpu | cuda); it runs in this process, so no Ray cluster."""
+    name = engine_name(cfg)
+    if name not in ENGINES:
+        raise ConfigError(f"'engine.name' must be one of {ENGINES}, got {name!r}")
+    if name != "batched":
+        return
+    e = cfg["engine"]
+    chunk = e.get("chunk_size", "auto")
+    if chunk != "auto" and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ConfigError(f"'engine.chunk_size' must be auto or an integer >= 1, got {chunk!r}")
+    if e.get("vectorize", "auto") not in ("auto", True, False):
+        raise ConfigError(f"'engine.vectorize' must be auto, true or false, got {e.get('vectorize')!r}")
+    if e.get("device", "auto") not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"'engine.device' must be auto, cpu or cuda, got {e.get('device')!r}")
+    if e.get("device") == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("'engine.device' is cuda but no CUDA device is visible")
+    address = (cfg.get("backend") or {}).get("address")
+    if address not in (None, "local"):
+        raise ConfigError(f"'backend.address'={address!r} names a Ray cluster, but engine=batched runs every client "
+                          "in this process: use engine=ray for a cluster")
 
 
 def _validate_backend(b: Mapping[str, Any]) -> None:

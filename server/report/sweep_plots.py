@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server.report import FINISHED, Config, _sort_key, normalise
+from server.report.runs import FINISHED, Config, normalise, sort_key
 
 
 def _pyplot():
@@ -55,8 +55,8 @@ def plot_curves(path: Path, configs: Sequence[Config], keys: Sequence[str], metr
 
 def heatmap_cells(configs: Sequence[Config], grid: Sequence[str], criterion: str, minimize: bool):
     """Sorted x and y values and, per cell, the best complete configuration (None: every one failed)."""
-    xs = sorted({c.values[grid[0]] for c in configs}, key=lambda v: _sort_key(normalise(v)))
-    ys = sorted({c.values[grid[1]] for c in configs}, key=lambda v: _sort_key(normalise(v)))
+    xs = sorted({c.values[grid[0]] for c in configs}, key=lambda v: sort_key(normalise(v)))
+    ys = sorted({c.values[grid[1]] for c in configs}, key=lambda v: sort_key(normalise(v)))
     cells: dict[tuple[str, str], Config | None] = {}
     for config in configs:
         cell = (config.values[grid[0]], config.values[grid[1]])

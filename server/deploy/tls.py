@@ -9,7 +9,7 @@
 
 Command line (multi-host setup, see docs/deploy.md)::
 
-    python -m server.tls --out certs --host superlink.example.org --host 10.0.0.5 --nodes 4
+    python -m server.deploy.tls --out certs --host superlink.example.org --host 10.0.0.5 --nodes 4
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def make_node_key(out_dir: str | Path, name: str) -> NodeKey:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m server.tls``: write a CA, a server certificate and N SuperNode key pairs."""
+    """``python -m server.deploy.tls``: write a CA, a server certificate and N SuperNode key pairs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="certs", help="output directory")
     parser.add_argument("--host", action="append", default=[], help="SuperLink host name or IP (repeatable)")

@@ -1,0 +1,248 @@
+"""Local training of several clients at once: their parameters stacked along a leading client axis, one
+``torch.func.vmap`` of ``grad`` over a model ``functional_call`` per step, and the update rules of
+``strategies.math`` applied to the stacked tensors. It is :func:`client.train.local_train` for a chunk of
+clients; every convention documented there holds per client:
+
+- each client's batch order and augmentation come from its own ``(seed, round, partition)`` generator, drawn in
+  the same order as the one-client loop (batch permutation, then crop offsets and flips of each batch);
+- clients with fewer examples take fewer steps and a smaller last batch: a client is active in a step only while
+  it has steps left, and a smaller batch is padded with copies of its own rows that a mask leaves out of the
+  loss (every model here treats examples independently: no BatchNorm);
+- FedCM's correction, GHBM's m, FedHBM's per-step C (a_i - theta), LocalUpdate's Theta-weighted q, weight decay,
+  ``loss-before``, ``train-loss``, ``num-steps`` and ``nonfinite`` (a client stops at its first non-finite loss).
+
+Results equal the one-client loop up to floating-point summation order (batched matrix products and masked
+means); tests/server/test_batched_engine.py bounds the difference.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from client.augment import prepare_batch
+from client.train import (
+    GHBM_FAMILY,
+    NONFINITE,
+    TRAIN_TIME,
+    TrainConfig,
+    TrainResult,
+    _as_named,
+    batch_indices,
+    loss_before_indices,
+    num_local_steps,
+    round_generator,
+)
+from strategies import protocol as P
+from strategies.math import fedcm_local_step, fedhbm_momentum, ghbm_local_step, localupdate_accumulate, sgd_step
+from strategies.math import theta_weights as make_theta_weights
+
+EVAL_ROWS = 1000  # examples per client and vmapped forward pass when measuring loss-before
+SHARED_FIELDS = ("algorithm", "client_lr", "momentum", "batch_size", "weight_decay", "theta", "augment",
+                 "participation", "local_epochs", "local_steps", "loss_before_batches", "server_round")
+
+
+@dataclass
+class ClientInput:
+    """One client of a chunk: its data (uint8 images, labels), received arrays and algorithm extras."""
+
+    x: np.ndarray
+    y: np.ndarray
+    cfg: TrainConfig
+    initial: Mapping[str, Any] | Sequence[Any]
+    correction: Mapping[str, Any] | Sequence[Any] | None = None
+    momentum_term: Mapping[str, Any] | Sequence[Any] | None = None
+    anchor: Mapping[str, Any] | Sequence[Any] | None = None
+
+
+def can_stack(model: nn.Module) -> bool:
+    """Whether ``model`` can be trained stacked: every tensor of its state is a trainable parameter."""
+    state = model.state_dict()
+    params = {k for k, p in model.named_parameters() if p.requires_grad}
+    return set(state) == params
+
+
+def _stack(model: nn.Module, arrays: list[Any], names: list[str], what: str, device: torch.device
+           ) -> dict[str, torch.Tensor] | None:
+    """{name: (K, ...) tensor} of per-client arrays keyed like the model; None when every entry is None; a
+    missing entry is zero (FedCM's first round)."""
+    if all(a is None for a in arrays):
+        return None
+    state = model.state_dict()
+    named = [_as_named(state, a, what) if a is not None else None for a in arrays]
+    out = {}
+    for k in names:
+        rows = [torch.as_tensor(np.asarray(n[k])) if n is not None else torch.zeros_like(state[k]) for n in named]
+        out[k] = torch.stack(rows).to(device, state[k].dtype)
+    return out
+
+
+def _client_view(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Per-client scalars (A,) shaped to broadcast against (A, ...) tensors of rank ``rows.dim()``."""
+    return t.view(-1, *([1] * (rows.dim() - 1)))
+
+
+class _Chunk:
+    """The stacked state of one chunk during its round."""
+
+    def __init__(self, model: nn.Module, clients: Sequence[ClientInput], device: torch.device) -> None:
+        cfgs = [c.cfg for c in clients]
+        for name in SHARED_FIELDS:
+            if len({repr(getattr(c, name)) for c in cfgs}) > 1:
+                raise ValueError(f"clients of one chunk must share {name!r}")
+        self.cfg, self.model, self.device = cfgs[0], model, device
+        self.clients = list(clients)
+        self.names = [k for k, p in model.named_parameters() if p.requires_grad]
+        self.params = _stack(model, [c.initial for c in clients], self.names, "model arrays", device)
+        algorithm = self.cfg.algorithm
+        self.correction = _stack(model, [c.correction for c in clients], self.names, "fedcm correction",
+                                 device) if algorithm == "fedcm" else None
+        extra = [c.anchor if algorithm == "fedhbm" else c.momentum_term for c in clients]
+        self.extra = _stack(model, extra, self.names, f"{algorithm} momentum", device) \
+            if algorithm in GHBM_FAMILY else None
+        self.n = [len(c.y) for c in clients]
+        self.generators = [round_generator(c.cfg.seed, c.cfg.server_round, c.cfg.partition_id) for c in clients]
+        if algorithm == "localupdate":
+            self.weights = [make_theta_weights(self.cfg.theta, num_local_steps(n, self.cfg.batch_size,
+                            self.cfg.local_epochs, self.cfg.local_steps)) for n in self.n]
+            self.steps = [len(w) for w in self.weights]
+            self.q = {k: torch.zeros_like(v) for k, v in self.params.items()}
+        else:
+            self.steps = [num_local_steps(n, self.cfg.batch_size, self.cfg.local_epochs, self.cfg.local_steps)
+                          for n in self.n]
+        self.y = [torch.from_numpy(np.asarray(c.y, dtype=np.int64)).to(device) for c in clients]
+
+    # ------------------------------------------------------------------ losses
+    def _loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+              ) -> torch.Tensor:
+        """Mean cross-entropy of one client's batch over its real rows (``mask``)."""
+        ce = F.cross_entropy(functional_call(self.model, params, (x,)), y, reduction="none")
+        return torch.where(mask, ce, torch.zeros_like(ce)).sum() / mask.sum()
+
+    def loss_before(self, mean: Sequence[float], std: Sequence[float]) -> list[float]:
+        """Each client's "loss-before" on the examples :func:`client.train._loss_before` picks."""
+        picks = []
+        for c, gen, steps in zip(self.clients, self.generators, self.steps):
+            idx = loss_before_indices(len(c.y), self.cfg.batch_size, steps, self.cfg.loss_before_batches, gen)
+            picks.append(np.arange(len(c.y)) if idx is None else idx)
+        sums = [0.0] * len(self.clients)
+        logits_fn = vmap(lambda p, x: functional_call(self.model, p, (x,)))
+        for start in range(0, max(len(p) for p in picks), EVAL_ROWS):
+            rows = [p[start:start + EVAL_ROWS] for p in picks]
+            width = max(len(r) for r in rows)
+            padded = [np.concatenate([r, np.full(width - len(r), r[0] if len(r) else 0)]) for r in rows]
+            xs = torch.stack([prepare_batch(c.x[r], mean, std, self.device) for c, r in zip(self.clients, padded)])
+            with torch.no_grad():
+                logits = logits_fn(self.params, xs)
+            for i, r in enumerate(rows):
+                if len(r):
+                    target = self.y[i][torch.from_numpy(r).to(self.device)]
+                    sums[i] += float(F.cross_entropy(logits[i, :len(r)], target, reduction="sum"))
+        return [s / len(p) for s, p in zip(sums, picks)]
+
+    # ------------------------------------------------------------------ steps
+    def step(self, active: list[int], batches: list[np.ndarray], mean: Sequence[float], std: Sequence[float],
+             step_index: int) -> torch.Tensor:
+        """One local step of the ``active`` clients on their index ``batches``; returns their batch losses."""
+        width = max(len(b) for b in batches)
+        xs, ys, masks = [], [], []
+        for i, b in zip(active, batches):
+            c = self.clients[i]
+            gen = self.generators[i] if self.cfg.augment else None
+            x = prepare_batch(c.x[b], mean, std, self.device, gen)
+            pad = width - len(b)
+            idx = torch.from_numpy(b).to(self.device)
+            y = self.y[i][idx]
+            if pad:
+                x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])])
+                y = torch.cat([y, y[:1].expand(pad)])
+            xs.append(x)
+            ys.append(y)
+            masks.append(torch.arange(width, device=self.device) < len(b))
+        rows = torch.tensor(active, device=self.device)
+        params = {k: v[rows] for k, v in self.params.items()}
+        grads, losses = vmap(grad_and_value(self._loss))(params, torch.stack(xs), torch.stack(ys), torch.stack(masks))
+        finite = torch.isfinite(losses)
+        with torch.no_grad():
+            self._update(rows, params, grads, finite, step_index)
+        return losses
+
+    def _update(self, rows: torch.Tensor, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+                finite: torch.Tensor, k: int) -> None:
+        cfg = self.cfg
+        steps = torch.tensor([float(self.steps[i]) for i in rows.tolist()], device=self.device)
+        for name in self.names:
+            p, g = params[name], grads[name]
+            if cfg.weight_decay:
+                g = g + cfg.weight_decay * p
+            local_steps = _client_view(steps, p)
+            if cfg.algorithm == "fedcm":
+                corr = self.correction[name][rows] if self.correction is not None else 0.0
+                new = fedcm_local_step(p, g, cfg.client_lr, cfg.momentum, corr, local_steps)
+            elif cfg.algorithm in GHBM_FAMILY:
+                if self.extra is None:
+                    term = 0.0
+                elif cfg.algorithm == "fedhbm":
+                    term = fedhbm_momentum(self.extra[name][rows], p, cfg.participation)
+                else:
+                    term = self.extra[name][rows]
+                new = ghbm_local_step(p, g, cfg.client_lr, cfg.momentum, term, local_steps)
+            else:
+                if cfg.algorithm == "localupdate":
+                    weight = torch.tensor([float(self.weights[i][k]) for i in rows.tolist()], device=self.device)
+                    q = localupdate_accumulate(self.q[name][rows], g, _client_view(weight, p).to(g.dtype))
+                    self.q[name][rows] = torch.where(_client_view(finite, p), q, self.q[name][rows])
+                new = sgd_step(p, g, cfg.client_lr) if cfg.client_lr else p
+            self.params[name][rows] = torch.where(_client_view(finite, p), new, p)
+
+    def outputs(self, i: int) -> dict[str, torch.Tensor]:
+        """Client ``i``'s reply arrays in state_dict order, on CPU: its model, or q for LocalUpdate."""
+        source = self.q if self.cfg.algorithm == "localupdate" else self.params
+        return {k: source[k][i].detach().cpu().clone() for k in self.model.state_dict()}
+
+
+def stacked_local_train(model: nn.Module, clients: Sequence[ClientInput], mean: Sequence[float],
+                        std: Sequence[float], device: torch.device) -> list[TrainResult]:
+    """One round of local training of every client in ``clients`` together (see the module docstring).
+
+    ``model`` gives the architecture only (its weights are not used or changed); the clients must share their
+    round settings (algorithm, learning rate, batch size, ...), not their data, sizes or seeds.
+    """
+    start_time = time.perf_counter()
+    if not can_stack(model):
+        raise ValueError("stacked training needs a model whose state is only trainable parameters")
+    model = model.to(device)
+    chunk = _Chunk(model, clients, device)
+    loss_before = chunk.loss_before(mean, std)
+    batches = [batch_indices(n, chunk.cfg.batch_size, s, g) for n, s, g in zip(chunk.n, chunk.steps,
+                                                                                 chunk.generators)]
+    losses: list[list[float]] = [[] for _ in clients]
+    stopped = [False] * len(clients)
+    for k in range(max(chunk.steps)):
+        active = [i for i in range(len(clients)) if k < chunk.steps[i] and not stopped[i]]
+        if not active:
+            break
+        step_losses = chunk.step(active, [next(batches[i]) for i in active], mean, std, k)
+        for i, loss in zip(active, step_losses.tolist()):
+            if np.isfinite(loss):
+                losses[i].append(loss)
+            else:
+                stopped[i] = True
+    elapsed = (time.perf_counter() - start_time) / len(clients)
+    results = []
+    for i in range(len(clients)):
+        out = chunk.outputs(i)
+        nonfinite = stopped[i] or not all(bool(torch.isfinite(v).all()) for v in out.values())
+        train_loss = float(torch.tensor(losses[i], dtype=torch.float32).mean()) if losses[i] else float("nan")
+        results.append(TrainResult(out, {
+            P.NUM_EXAMPLES: int(chunk.n[i]), P.LOSS_BEFORE: float(loss_before[i]), P.TRAIN_LOSS: train_loss,
+            P.NUM_STEPS: len(losses[i]), NONFINITE: int(nonfinite), TRAIN_TIME: float(elapsed)}))
+    return results

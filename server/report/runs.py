@@ -1,0 +1,193 @@
+"""The runs of a Hydra multirun as ``flower-report`` sees them: each job's overrides, metrics and status, grouped
+into configurations (the swept keys' values, ``seed`` excepted) with mean ± std over seeds."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from server.report.metrics import read_metrics
+
+AVERAGED = "seed"  # runs differing only in these keys are the seeds of one configuration
+FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES = "finished", "diverged", "incomplete", "no_replies"
+STATUSES = (FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES)
+
+
+class ReportError(ValueError):
+    """Bad input to flower-report (no runs, unknown or unswept key, absent metric): exit 2."""
+
+
+@dataclass
+class Run:
+    """One job directory of the multirun."""
+
+    path: Path
+    params: dict[str, str]  # its Hydra overrides, key -> value text
+    status: str  # finished | diverged | incomplete
+    last_round: int | None
+    reason: str
+    rows: list[dict[str, Any]]
+    num_rounds: int | None
+
+    def series(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """Rounds and finite-or-not values of ``metric`` where the run wrote it."""
+        pts = [(r["round"], float(r[metric])) for r in self.rows if r.get(metric) is not None]
+        return np.array([p[0] for p in pts], dtype=int), np.array([p[1] for p in pts], dtype=float)
+
+    def last_mean(self, metric: str, last: int) -> float | None:
+        """Mean of ``metric`` over the rounds > R - K of a finished run (None when it has no such value)."""
+        rounds, values = self.series(metric)
+        if self.status != FINISHED or not len(rounds):
+            return None
+        window = values[rounds > (self.num_rounds or rounds.max()) - last]
+        return float(window.mean()) if len(window) and np.all(np.isfinite(window)) else None
+
+    def final(self, metric: str) -> float | None:
+        rounds, values = self.series(metric)
+        return float(values[-1]) if self.status == FINISHED and len(values) and math.isfinite(values[-1]) else None
+
+
+@dataclass
+class Config:
+    """The runs (seeds) of one combination of swept values, with their summaries."""
+
+    values: dict[str, str]
+    runs: list[Run]
+    stats: dict[str, tuple[float, float] | None] = field(default_factory=dict)
+    note: str = ""
+    complete: bool = True
+    selected: bool = False
+
+
+def normalise(value: Any) -> Any:
+    """Override text -> a comparable value (numbers as floats, so "0.10" == "0.1")."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value)
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+# --------------------------------------------------------------------------- loading
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """Every Hydra job directory (holding .hydra/overrides.yaml) below ``sweep_dir``."""
+    return sorted(p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml"))
+
+
+def _overrides(path: Path) -> dict[str, str]:
+    items = yaml.safe_load((path / ".hydra" / "overrides.yaml").read_text()) or []
+    out = {}
+    for item in items:
+        key, _, value = str(item).partition("=")
+        if not key.startswith("~"):
+            out[key.lstrip("+")] = value
+    return out
+
+
+def _status(path: Path, rows: list[dict[str, Any]]) -> tuple[str, int | None, str]:
+    """From status.json (written by the ServerApp); older runs: summary.json means finished."""
+    last = rows[-1]["round"] if rows else None
+    status_file = path / "status.json"
+    if status_file.exists():
+        record = json.loads(status_file.read_text())
+        status = {"finished": FINISHED, "diverged": DIVERGED}.get(record.get("status"), INCOMPLETE)
+        return status, record.get("round", last), record.get("reason", "")
+    if (path / "summary.json").exists():
+        return FINISHED, last, ""
+    return INCOMPLETE, last, "no status.json or summary.json (killed, or failed before round 0)"
+
+
+def load_run(path: Path) -> Run:
+    rows = read_metrics(path)
+    status, last, reason = _status(path, rows)
+    trained = [r for r in rows if r["round"] >= 1]
+    if status == FINISHED and trained and not any(r.get("num_replies") for r in trained):
+        # e.g. the simulation engine crashed at start-up: every round skipped its partitions, the model never moved
+        status, reason = NO_REPLIES, f"finished, but none of its {len(trained)} rounds aggregated a reply"
+    cfg_file = path / "config.json"
+    num_rounds = json.loads(cfg_file.read_text()).get("num_rounds") if cfg_file.exists() else None
+    return Run(path, _overrides(path), status, last, reason, rows, num_rounds)
+
+
+def load_runs(sweep_dirs: Sequence[Path]) -> list[Run]:
+    runs = [load_run(p) for d in sweep_dirs for p in job_dirs(Path(d))]
+    if not runs:
+        raise ReportError(f"no Hydra job directories (.hydra/overrides.yaml) under {', '.join(map(str, sweep_dirs))}")
+    return runs
+
+
+def swept_keys(runs: Sequence[Run]) -> list[str]:
+    """Override keys whose (normalised) value is not the same in every run, in first-seen order."""
+    keys = list(dict.fromkeys(k for r in runs for k in r.params))
+    return [k for k in keys if len({normalise(r.params.get(k)) for r in runs}) > 1]
+
+
+def _in_config(run: Run, dotted: str) -> bool:
+    """Whether the run's config.json has the dotted key (a config group name like "strategy" counts)."""
+    cfg_file = run.path / "config.json"
+    node: Any = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def check_keys(runs: Sequence[Run], swept: Sequence[str], keys: Sequence[str], option: str) -> None:
+    """Every key of an option must be swept; otherwise a ReportError saying whether it is unknown or fixed."""
+    known = {k for r in runs for k in r.params} | {k for k in keys if any(_in_config(r, k) for r in runs)}
+    for key in keys:
+        if key == AVERAGED:
+            raise ReportError(f"{option}: '{key}' is averaged over, not a configuration key")
+        if key not in swept:
+            if key in known:
+                raise ReportError(f"{option}: '{key}' was not swept (it has one value; swept: {', '.join(swept)})")
+            raise ReportError(f"{option}: unknown key '{key}' (swept keys: {', '.join(swept) or 'none'})")
+
+
+# --------------------------------------------------------------------------- summaries
+def _mean_std(values: list[float]) -> tuple[float, float] | None:
+    return (float(np.mean(values)), float(np.std(values))) if values else None
+
+
+def configurations(runs: Sequence[Run], keys: Sequence[str], metrics: Sequence[str], last: int) -> list[Config]:
+    """Group runs by the values of ``keys``; mean ± std over seeds of final and last-K values of ``metrics``."""
+    groups: dict[tuple, Config] = {}
+    for run in runs:
+        ident = tuple(normalise(run.params.get(k)) for k in keys)
+        groups.setdefault(ident, Config({k: run.params.get(k, "") for k in keys}, [])).runs.append(run)
+    for config in groups.values():
+        problems = []
+        for run in config.runs:
+            if run.status == DIVERGED:
+                problems.append(f"diverged at round {run.last_round}")
+            elif run.status == INCOMPLETE:
+                problems.append(f"incomplete (last round {run.last_round})")
+            elif run.status == NO_REPLIES:
+                problems.append("no accepted reply in any round")
+        for metric in metrics:
+            finals = [v for v in (r.final(metric) for r in config.runs) if v is not None]
+            lasts = [v for v in (r.last_mean(metric, last) for r in config.runs) if v is not None]
+            config.stats[f"{metric}_final"] = _mean_std(finals)
+            config.stats[f"{metric}_last"] = _mean_std(lasts)
+            missing = sum(r.status == FINISHED and r.last_mean(metric, last) is None for r in config.runs)
+            if missing:
+                problems.append(f"{missing} finished run(s) without {metric}")
+            config.complete &= len(lasts) == len(config.runs)
+        config.note = "; ".join(dict.fromkeys(problems))
+    return sorted(groups.values(), key=lambda c: [sort_key(normalise(c.values[k])) for k in keys])
+
+
+def sort_key(value: Any) -> tuple:
+    return (0, value, "") if isinstance(value, float) else (1, 0.0, str(value))

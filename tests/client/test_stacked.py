@@ -1,0 +1,91 @@
+"""Stacked training of several clients (client/stacked.py) equals the one-client loop (client/train.py)."""
+
+import numpy as np
+import pytest
+import torch
+
+from client.models import build_model
+from client.stacked import ClientInput, can_stack, stacked_local_train
+from client.train import TrainConfig, local_train
+
+MEAN, STD = (0.5, 0.4, 0.45), (0.25, 0.2, 0.22)
+SIZES = (20, 13, 7)  # unequal clients: 3, 2 and 1 steps of B = 8, smaller last batches
+TOL = 1e-5  # max |diff| / max |expected| per array: float32 (eps 1.2e-7) sums in another order, over a few steps
+
+
+def assert_close(got, expected, what=""):
+    """Normwise relative difference max|got - expected| / max|expected| <= TOL (elementwise relative errors are
+    meaningless for entries that cancel to ~0, e.g. q's sum of gradients)."""
+    scale = max(float(np.abs(expected).max()), 1e-12)
+    assert float(np.abs(got - expected).max()) <= TOL * scale, what
+
+
+def _clients(algorithm, model, rng, **cfg):
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    out = []
+    for pid, n in enumerate(SIZES):
+        x = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+        y = rng.integers(0, 10, n)
+        initial = {k: v + 0.01 * pid for k, v in state.items()}
+        noise = {k: rng.normal(size=v.shape).astype(np.float32) * 0.01 for k, v in state.items()}
+        extra = {}
+        if algorithm == "fedcm":
+            extra["correction"] = noise
+        elif algorithm in ("ghbm", "localghbm"):
+            extra["momentum_term"] = noise
+        elif algorithm == "fedhbm":
+            extra["anchor"] = {k: v + noise[k] for k, v in initial.items()}
+        theta = "fomaml" if algorithm == "localupdate" else None
+        tc = TrainConfig(algorithm=algorithm, client_lr=0.05, momentum=0.9, batch_size=8, theta=theta, seed=3,
+                         server_round=2, partition_id=pid, participation=0.5, **cfg)
+        out.append(ClientInput(x, y, tc, initial, **extra))
+    return out
+
+
+def _sequential(model_name, clients):
+    results = []
+    for c in clients:
+        model = build_model(model_name)
+        model.load_state_dict({k: torch.as_tensor(v) for k, v in c.initial.items()})
+        results.append(local_train(model, c.x, c.y, MEAN, STD, c.cfg, correction=c.correction,
+                                   momentum_term=c.momentum_term, anchor=c.anchor, device=torch.device("cpu")))
+    return results
+
+
+@pytest.mark.parametrize("model_name", ["logreg", "cnn"])
+@pytest.mark.parametrize("algorithm", ["fedavgm", "fedcm", "localupdate", "ghbm", "localghbm", "fedhbm"])
+def test_stacked_equals_one_client_loop(algorithm, model_name):
+    torch.manual_seed(0)
+    model = build_model(model_name)
+    clients = _clients(algorithm, model, np.random.default_rng(1), weight_decay=1e-3, augment=True)
+    expected = _sequential(model_name, clients)
+    got = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
+    for e, g in zip(expected, got):
+        assert list(e.arrays) == list(g.arrays)
+        for k in e.arrays:
+            assert_close(g.arrays[k].numpy(), e.arrays[k].numpy(), k)
+        for key in ("num-examples", "num-steps", "nonfinite"):
+            assert g.metrics[key] == e.metrics[key], key
+        for key in ("loss-before", "train-loss"):
+            assert g.metrics[key] == pytest.approx(e.metrics[key], rel=1e-5), key
+
+
+def test_a_diverging_client_stops_alone():
+    """A client whose loss turns non-finite stops there and says nonfinite; the others train on."""
+    model = build_model("logreg")
+    clients = _clients("fedavgm", model, np.random.default_rng(2))
+    clients[1].cfg.client_lr = clients[0].cfg.client_lr  # all share the round's settings
+    clients[1].initial = {k: np.full_like(v, np.inf) for k, v in clients[1].initial.items()}
+    expected = _sequential("logreg", clients)
+    got = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
+    assert [g.metrics["nonfinite"] for g in got] == [e.metrics["nonfinite"] for e in expected] == [0, 1, 0]
+    assert got[1].metrics["num-steps"] == expected[1].metrics["num-steps"] == 0
+    for i in (0, 2):
+        for k in expected[i].arrays:
+            assert_close(got[i].arrays[k].numpy(), expected[i].arrays[k].numpy(), k)
+
+
+def test_models_with_buffers_are_refused():
+    assert can_stack(build_model("resnet20")) and can_stack(build_model("cnn"))
+    with pytest.raises(ValueError, match="only trainable parameters"):
+        stacked_local_train(torch.nn.BatchNorm1d(3), [], MEAN, STD, torch.device("cpu"))
