@@ -15,7 +15,9 @@ Without CUDA it prints that it skipped and exits 0. On a CUDA machine, for each 
    model learned (server-side test accuracy moved between round 0 and the last round, or at least the test
    loss fell); it reports seconds per round (median
    of rounds 2..R; round 1 pays Ray's and CUDA's start-up), rounds/s, images/s of a round, and the
-   simulation / plain-loop overhead ratio.
+   simulation / plain-loop overhead ratio;
+3. ``flower-simulation engine=batched`` (the round's clients stacked on the GPU) runs the same rounds, with the
+   same checks, and reports its rounds/s, its ratio to the Ray runs and the peak GPU memory it allocated.
 
 The data is split IID (``data.alpha=inf``) instead of the presets' one class per client, whose test accuracy
 needs many more than a few rounds to move; everything else is the preset's. Both engines use one torch thread
@@ -94,12 +96,12 @@ def _check_preset(report: dict[str, Any], preset: str, data: Path, tmp: Path, ro
     smoke = " (not checked: --cpu-smoke)" if cpu_smoke else ""
     device = plain.get("param_device", "skipped")
     _check(report, f"{preset} plain loop: parameters on CUDA", device.startswith("cuda") or cpu_smoke, device + smoke)
-    for share in shares:
+    for share in [*shares, "batched"]:
         sim = _simulation(preset, share, data, tmp, rounds, deadline)
         if "s_per_round" in sim and "s_per_round" in plain:
             sim["overhead_vs_plain"] = sim["s_per_round"] / plain["s_per_round"]
         report["runs"].append(sim)
-        label = f"{preset} simulation num_gpus={share:g}"
+        label = f"{preset} simulation " + ("engine=batched" if share == "batched" else f"num_gpus={share:g}")
         _check(report, f"{label}: finished", sim.get("returncode") == 0, sim.get("error", sim.get("skipped", "")))
         _check(report, f"{label}: actors trained on CUDA", sim.get("cuda_actors", 0) > 0 or cpu_smoke,
                f"{sim.get('cuda_actors', 0)} actor processes reported CUDA{smoke}")
@@ -156,17 +158,21 @@ def _plain(preset: str, data: Path, cache: Path, rounds: int, deadline: float) -
             "accuracy_first": scores[0][1], "accuracy_last": scores[1][1]}
 
 
-def _simulation(preset: str, share: float, data: Path, tmp: Path, rounds: int, deadline: float) -> dict[str, Any]:
+def _simulation(preset: str, share: float | str, data: Path, tmp: Path, rounds: int, deadline: float
+                ) -> dict[str, Any]:
+    """One flower-simulation run: the Ray engine with ``backend.num_gpus=share``, or ``share="batched"``."""
     left = deadline - time.time()
-    result: dict[str, Any] = {"preset": preset, "engine": "flower-simulation", "num_gpus": share}
+    batched = share == "batched"
+    result: dict[str, Any] = {"preset": preset, "engine": "batched" if batched else "flower-simulation",
+                              "num_gpus": "-" if batched else share}
     if left < 30:
         result["skipped"] = "budget exhausted"
         return result
-    run_dir = tmp / f"{preset}-{share:g}"
+    run_dir = tmp / f"{preset}-{share}"
+    engine = ["engine=batched"] if batched else [f"backend.num_gpus={share}", "client.torch_threads=1"]
     cmd = [str(Path(sys.executable).parent / "flower-simulation"), f"+experiment={preset}", f"data.root={data}",
            f"data.cache_dir={tmp / 'cache'}", f"num_rounds={rounds}", f"eval_every={rounds}",
-           f"checkpoint_every={rounds}", f"backend.num_gpus={share}", f"data.alpha={ALPHA}",
-           "client.torch_threads=1", f"hydra.run.dir={run_dir}"]
+           f"checkpoint_every={rounds}", f"data.alpha={ALPHA}", *engine, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "RAY_ADDRESS": "local", "FLWR_TELEMETRY_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
     t0 = time.time()
     try:
@@ -184,6 +190,9 @@ def _simulation(preset: str, share: float, data: Path, tmp: Path, rounds: int, d
     evaluated = [r for r in rows if r.get("accuracy") is not None]
     images = _images_per_round(run_dir)
     s_round = statistics.median(seconds[1:] or seconds)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary.get("peak_cuda_memory_mib") is not None:
+        result["peak_cuda_memory_mib"] = summary["peak_cuda_memory_mib"]
     result.update(seconds=seconds, s_per_round=s_round, rounds_per_s=1.0 / s_round, images_per_s=images / s_round,
                   accuracy_first=evaluated[0]["accuracy"], accuracy_last=evaluated[-1]["accuracy"],
                   loss_first=evaluated[0]["loss"], loss_last=evaluated[-1]["loss"])
@@ -214,18 +223,20 @@ def _markdown(report: dict[str, Any]) -> str:
              f"torch {env['torch']}, CUDA {env.get('cuda', '-')}, {env.get('gpus', 0)} GPUs, {env['cpus']} CPUs; "
              f"data {report['data']}; {report['rounds']} rounds per run", "",
              "| preset | engine | num_gpus | s/round | rounds/s | images/s per client | images/s per round | "
-             "accuracy first → last | loss first → last | CUDA actors | sim / plain |", "|" + " --- |" * 11]
+             "accuracy first → last | loss first → last | CUDA actors | sim / plain | peak GPU MiB |",
+             "|" + " --- |" * 12]
     for r in report["runs"]:
         if "skipped" in r:
             lines.append(f"| {r['preset']} | {r['engine']} | {r.get('num_gpus', '-')} | skipped: {r['skipped']} |"
                          + " |" * 7)
             continue
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} → {} | {} → {} | {} | {} |".format(
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} → {} | {} → {} | {} | {} | {} |".format(
             r["preset"], r["engine"], r.get("num_gpus", "-"), _fmt(r.get("s_per_round")),
             _fmt(r.get("rounds_per_s")), _fmt(r.get("images_per_s_per_client"), ".0f"),
             _fmt(r.get("images_per_s"), ".0f"), _fmt(r.get("accuracy_first")), _fmt(r.get("accuracy_last")),
             _fmt(r.get("loss_first"), ".4f"), _fmt(r.get("loss_last"), ".4f"),
-            r.get("cuda_actors", r.get("param_device", "-")), _fmt(r.get("overhead_vs_plain"))))
+            r.get("cuda_actors", r.get("param_device", "-")), _fmt(r.get("overhead_vs_plain")),
+            _fmt(r.get("peak_cuda_memory_mib"), ".0f")))
     lines += ["", "| check | ok | detail |", "| --- | --- | --- |"]
     lines += [f"| {c['check']} | {'yes' if c['ok'] else '**NO**'} | {c['detail']} |" for c in report["checks"]]
     return "\n".join(lines) + "\n"

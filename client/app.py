@@ -90,6 +90,7 @@ class TrainJob:
     idx: np.ndarray
     train_cfg: TrainConfig
     extra: dict[str, Any]
+    initial: Mapping[str, Any] | list[Any] = field(default_factory=dict)  # the received arrays
     store: client_state.ClientStateStore | None = None
     received: dict[str, np.ndarray] | None = None
     state_metrics: dict[str, int | float] = field(default_factory=dict)
@@ -109,7 +110,8 @@ def prepare_train(
     load_arrays(model, received)
     job = TrainJob(cfg, ds, model, get_partition(cfg, "train")[int(partition_id)], C.train_config(cfg, partition_id),
                    {"correction": _to_named_arrays(correction) if correction is not None else None,
-                    "momentum_term": _to_named_arrays(momentum_term) if momentum_term is not None else None})
+                    "momentum_term": _to_named_arrays(momentum_term) if momentum_term is not None else None},
+                   initial=received)
     algorithm = job.train_cfg.algorithm
     if algorithm in P.STATEFUL_ALGORITHMS:
         job.received = {k: np.asarray(v) for k, v in _as_named(model.state_dict(), received, "model arrays").items()}

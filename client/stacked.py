@@ -35,6 +35,7 @@ from client.train import (
     TRAIN_TIME,
     TrainConfig,
     TrainResult,
+    _announce_accelerator,
     _as_named,
     batch_indices,
     loss_before_indices,
@@ -220,6 +221,7 @@ def stacked_local_train(model: nn.Module, clients: Sequence[ClientInput], mean: 
     if not can_stack(model):
         raise ValueError("stacked training needs a model whose state is only trainable parameters")
     model = model.to(device)
+    _announce_accelerator(device)
     chunk = _Chunk(model, clients, device)
     loss_before = chunk.loss_before(mean, std)
     batches = [batch_indices(n, chunk.cfg.batch_size, s, g) for n, s, g in zip(chunk.n, chunk.steps,

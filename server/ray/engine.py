@@ -17,8 +17,8 @@ import os
 from typing import Any
 
 from server.ray import cluster as ray_cluster
+from server.run import build, quiet
 from server.run import config as config_lib
-from server.run import quiet
 from server.run.config import CONF_DIR  # noqa: F401 - re-exported for tests and scripts
 
 AUTO_CLIENTS_PER_GPU = 4
@@ -58,7 +58,7 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     """Validate, then run ``cfg`` in Flower's Ray simulation; returns the run summary."""
     cfg = config_lib.validate(cfg)
     quiet.install()
-    _prepare_data(cfg)
+    build.prepare_data(cfg)
     address = ray_cluster.resolve_address(cfg.get("backend", {}).get("address"))
     if address is None:
         _check_local_resources(cfg)
@@ -88,21 +88,6 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     if "run_dir" not in result:
         raise RuntimeError("the simulation ended without finishing the experiment (see the log above)")
     return result
-
-
-def _prepare_data(cfg: dict[str, Any]) -> None:
-    """Download torchvision's CIFAR-10 now, once, if asked to (not in every client at the same time)."""
-    d = cfg["data"]
-    if d["name"] != "cifar10" or not d.get("download"):
-        return
-    from client import datacheck
-
-    try:
-        datacheck.download_cifar10(d["root"])
-    except datacheck.DataSourceError as err:
-        raise config_lib.ConfigError(f"'data.download': {err} (offline? point data.root at an ImageFolder tree "
-                                     "or .tar.gz of CIFAR-10 with data=cifar10_folder)") from None
-    config_lib.validate(cfg)  # now the counts are known: num_clients against the examples
 
 
 def _log(text: str) -> None:

@@ -14,6 +14,7 @@ from client.data import Dataset, load_dataset
 from client.models import build_model
 from client.partition import client_sizes, dirichlet_partition, label_histograms, parse_alpha, save_histograms
 from client.train import evaluate, get_device, load_arrays
+from server.run import config as config_lib
 from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay, UniformClientManager
 from strategies.base import ServerOptStrategy
 from strategies.ghbm import GHBM, FedHBM, LocalGHBM
@@ -155,3 +156,18 @@ class Evaluator:
         if self.partitions is not None:
             row.update(zip(("pop_loss", "pop_accuracy"), self.population(arrays)))
         return row
+
+
+def prepare_data(cfg: dict[str, Any]) -> None:
+    """Download torchvision's CIFAR-10 now, once, if asked to (not in every client at the same time)."""
+    d = cfg["data"]
+    if d["name"] != "cifar10" or not d.get("download"):
+        return
+    from client import datacheck
+
+    try:
+        datacheck.download_cifar10(d["root"])
+    except datacheck.DataSourceError as err:
+        raise config_lib.ConfigError(f"'data.download': {err} (offline? point data.root at an ImageFolder tree "
+                                     "or .tar.gz of CIFAR-10 with data=cifar10_folder)") from None
+    config_lib.validate(cfg)  # now the counts are known: num_clients against the examples

@@ -132,8 +132,8 @@ def engine_name(cfg: Mapping[str, Any]) -> str:
 
 
 def _validate_engine(cfg: Mapping[str, Any]) -> None:
-    """``engine.name`` ∈ ENGINES; the batched engine's ``chunk_size`` (auto | int ≥ 1), ``vectorize``
-    (auto | true | false) and ``device`` (auto | cpu | cuda); it runs in this process, so no Ray cluster."""
+    """``engine.name`` ∈ ENGINES; the batched engine's ``chunk_size`` and ``workers`` (auto | int ≥ 1),
+    ``vectorize`` (auto | true | false) and ``device`` (auto | cpu | cuda); it runs on this host: no Ray cluster."""
     name = engine_name(cfg)
     if name not in ENGINES:
         raise ConfigError(f"'engine.name' must be one of {ENGINES}, got {name!r}")
@@ -143,6 +143,9 @@ def _validate_engine(cfg: Mapping[str, Any]) -> None:
     chunk = e.get("chunk_size", "auto")
     if chunk != "auto" and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise ConfigError(f"'engine.chunk_size' must be auto or an integer >= 1, got {chunk!r}")
+    workers = e.get("workers", "auto")
+    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"'engine.workers' must be auto or an integer >= 1, got {workers!r}")
     if e.get("vectorize", "auto") not in ("auto", True, False):
         raise ConfigError(f"'engine.vectorize' must be auto, true or false, got {e.get('vectorize')!r}")
     if e.get("device", "auto") not in ("auto", "cpu", "cuda"):

@@ -1,0 +1,226 @@
+"""``BatchedGrid``: a Flower Grid in the driver process that answers a round's messages by computing its clients
+together, with no actors, processes or serialisation in between.
+
+The ServerApp round loop and the strategies talk to it as to any Grid (``push_messages`` / ``pull_messages``,
+``send_and_receive``, ``get_node_ids``). Node ``NODE_BASE + p`` holds partition ``p`` and has its own
+:class:`flwr.app.Context`, so its ClientApp state works as on a SuperNode. Every reply is built by the
+ClientApp's own code (:mod:`client.app`): query and evaluate messages go to its handlers; train messages are
+resolved by :func:`client.app.train_request` and answered by :func:`client.app.train_reply`, computed either
+
+- **stacked** (:mod:`client.stacked`): the round's clients in chunks of at most ``chunk_size``, their
+  parameters stacked and one vmapped gradient per step — where measured faster (``vectorize=auto``: CUDA, and
+  the linear model on CPU; docs/benchmarks.md), or
+- **one after another** through the ClientApp's own code, bitwise the Ray engine's client: in this process, or
+  on a CPU in ``workers`` spawned processes of one torch thread each, as many clients at once (what Ray's
+  actors do, without Ray: :mod:`server.batched.workers`).
+
+A client that raises gets an error reply (the strategy counts it in ``num_failures``), as in Flower; a stacked
+chunk that raises is retried one client at a time, so one bad client cannot fail its chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import torch
+from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from client import app as client_app
+from client import config as C
+from client.models import build_model
+from client.stacked import ClientInput, can_stack, stacked_local_train
+from server.batched.workers import WorkerPool
+from strategies import protocol as P
+
+NODE_BASE = 1000  # node id of partition 0 (Flower's SuperLink is node 1)
+RUN_ID = 1  # the one run of this process
+
+
+class BatchedGrid(Grid):
+    """In-process Grid of ``num_nodes`` simulated SuperNodes (see the module docstring).
+
+    ``vectorize``: True/False, or None to decide per model and device (:meth:`stacks`). ``chunk_size``: the most
+    clients trained together (None = all of a round's). ``workers`` > 1: processes for the clients trained one by
+    one (:mod:`server.batched.workers`). ``report_every``: seconds between progress lines.
+    """
+
+    def __init__(self, num_nodes: int, vectorize: bool | None = None, chunk_size: int | None = None,
+                 device: torch.device | None = None, report_every: float = 10.0,
+                 reply_filter: Callable[[Message, Message], Message] | None = None, workers: int = 1) -> None:
+        if num_nodes < 1 or (chunk_size is not None and chunk_size < 1):
+            raise ValueError("num_nodes and chunk_size must be >= 1")
+        self.vectorize, self.chunk_size, self.report_every = vectorize, chunk_size, report_every
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.contexts = {NODE_BASE + p: Context(run_id=RUN_ID, node_id=NODE_BASE + p, state=RecordDict(), run_config={},
+                                                node_config={"partition-id": p, "num-partitions": num_nodes})
+                         for p in range(num_nodes)}
+        self.workers = WorkerPool(workers) if workers > 1 else None  # CPU processes for one-by-one training
+        self.reply_filter = reply_filter  # (reply, message) -> reply: tests tamper with replies on their way back
+        self._replies: dict[str, Message] = {}
+        self._run: Any = None
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, SUPERLINK_NODE_ID  # as Flower
+        self._round_started: float | None = None
+        self._next_report = 0.0
+        self.stacked_rounds = 0  # rounds whose clients were trained stacked (for tests and benchmarks)
+
+    # ------------------------------------------------------------------ Grid API
+    def set_run(self, run: Any) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Any:
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Compute every message's reply now (a round is one push); returns the message ids."""
+        messages = list(messages)
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        train = [m for m in messages if m.metadata.message_type == MessageType.TRAIN]
+        for msg in messages:
+            if msg.metadata.message_type != MessageType.TRAIN:
+                self._store(msg, self._call(msg, self._handler(msg)))
+        if train:
+            self._train(train)
+        return [m.metadata.message_id for m in messages]
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(mid) for mid in list(message_ids) if mid in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self.pull_messages(self.push_messages(messages))
+
+    # ------------------------------------------------------------------ replies
+    def _store(self, msg: Message, reply: Message) -> None:
+        self._replies[msg.metadata.message_id] = reply
+
+    def _handler(self, msg: Message) -> Callable[[Message, Context], Message]:
+        kind = msg.metadata.message_type
+        if kind == MessageType.QUERY:
+            return client_app.query
+        if kind == MessageType.EVALUATE:
+            return client_app.evaluate_handler
+        if kind == MessageType.TRAIN:
+            return client_app.train
+        raise ValueError(f"no handler for message type {kind!r}")
+
+    def _call(self, msg: Message, handler: Callable[[Message, Context], Message]) -> Message:
+        """The handler's reply, or an error reply when the node is unknown or the handler raises."""
+        context = self.contexts.get(msg.metadata.dst_node_id)
+        if context is None:
+            return Message(error=Error(ErrorCode.NODE_UNAVAILABLE, f"no node {msg.metadata.dst_node_id}"),
+                           reply_to=msg)
+        try:
+            reply = handler(msg, context)
+            return self.reply_filter(reply, msg) if self.reply_filter else reply
+        except Exception as err:  # the ClientApp raised: Flower's reply for that
+            return Message(error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"),
+                           reply_to=msg)
+
+    # ------------------------------------------------------------------ training
+    def stacks(self, model: torch.nn.Module) -> bool:
+        """Whether train messages for ``model`` are computed stacked: ``vectorize`` when set, else on CUDA for any
+        stackable model and on CPU for the linear model only (measured: docs/benchmarks.md)."""
+        if not can_stack(model):
+            return False
+        if self.vectorize is not None:
+            return self.vectorize
+        return self.device.type == "cuda" or not any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+    def _train(self, messages: list[Message]) -> None:
+        config = messages[0].content[P.CONFIG]
+        if not self.stacks(_architecture(str(config.get(C.MODEL, C.DEFAULTS[C.MODEL])))):
+            self._train_one_by_one(messages)
+            self._round_started = None
+            return
+        jobs: list[tuple[Message, client_app.TrainJob]] = []
+        for msg in messages:
+            context = self.contexts.get(msg.metadata.dst_node_id)
+            try:
+                if context is None:
+                    raise KeyError(msg.metadata.dst_node_id)
+                jobs.append((msg, client_app.prepare_train(**client_app.train_request(msg, context))))
+            except Exception:  # unknown node or a request the client refuses: its handler answers with the error
+                self._store(msg, self._call(msg, client_app.train))
+        size = self.chunk_size or max(len(jobs), 1)
+        for start in range(0, len(jobs), size):
+            self._train_stacked(jobs[start:start + size])
+            self._progress(min(start + size, len(jobs)), len(jobs))
+        self._round_started = None
+        self.stacked_rounds += 1
+
+    def _train_one_by_one(self, messages: list[Message]) -> None:
+        """The ClientApp's own handler, one client after another; with a worker pool, ``workers`` at a time."""
+        if self.workers is None:
+            for done, msg in enumerate(messages, 1):
+                self._store(msg, self._call(msg, client_app.train))
+                self._progress(done, len(messages))
+            return
+        futures = {}
+        for msg in messages:
+            context = self.contexts.get(msg.metadata.dst_node_id)
+            try:
+                if context is None:
+                    raise KeyError(msg.metadata.dst_node_id)
+                futures[msg.metadata.message_id] = self.workers.submit(client_app.train_request(msg, context))
+            except Exception:
+                self._store(msg, self._call(msg, client_app.train))
+        for done, msg in enumerate([m for m in messages if m.metadata.message_id in futures], 1):
+            future = futures[msg.metadata.message_id]
+            self._store(msg, self._call(msg, lambda m, c, f=future: client_app.train_reply(m, c, *f.result())))
+            self._progress(done, len(futures))
+
+    def close(self) -> None:
+        """Stop the worker processes (if any)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
+    def _progress(self, done: int, total: int) -> None:
+        """A progress line every ``report_every`` seconds of one round's training."""
+        now = time.monotonic()
+        if self._round_started is None:
+            self._round_started, self._next_report = now, now + self.report_every
+        elif now >= self._next_report:
+            log(INFO, "[batched] %d/%d clients done, %.1f s elapsed", done, total, now - self._round_started)
+            self._next_report += self.report_every
+
+    def _train_stacked(self, chunk: list[tuple[Message, client_app.TrainJob]]) -> None:
+        """Train ``chunk`` stacked and reply; if that raises, each client through its own handler instead."""
+        first = chunk[0][1]
+        inputs = [ClientInput(job.ds.x_train[job.idx], job.ds.y_train[job.idx], job.train_cfg, job.initial,
+                              **job.extra) for _, job in chunk]
+        try:
+            results = stacked_local_train(first.model, inputs, first.ds.mean, first.ds.std, self.device)
+        except Exception:
+            log(WARNING, "[batched] a stacked chunk of %d clients raised; training them one by one:\n%s", len(chunk),
+                traceback.format_exc(limit=3))
+            for msg, _ in chunk:
+                self._store(msg, self._call(msg, client_app.train))
+            return
+        for (msg, job), result in zip(chunk, results):
+            self._store(msg, self._call(msg, lambda m, c, job=job, result=result: client_app.train_reply(
+                m, c, *client_app.finish_train(job, result))))
+
+
+@functools.lru_cache(maxsize=8)
+def _architecture(name: str) -> torch.nn.Module:
+    """A model of that name, for deciding how to train it (its weights are never used)."""
+    return build_model(name)

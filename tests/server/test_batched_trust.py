@@ -1,0 +1,89 @@
+"""The batched engine keeps every guarantee of the others: broken replies are rejected and counted, a killed and
+resumed run ends with the bitwise-same model, progress and chunks, and bad engine settings are one-line errors."""
+
+import json
+
+import broken_app
+import numpy as np
+import pytest
+from conftest import full_and_resumed, run_cli, sim_args
+from flwr.app import Message
+from test_batched_engine import make_cfg
+
+from server.batched.grid import NODE_BASE, BatchedGrid
+from server.report.metrics import read_metrics
+from server.run.app import run_experiment
+
+NUM_HONEST = 4
+NUM_NODES = NUM_HONEST + len(broken_app.BROKEN_KINDS)
+
+
+def breaker(reply: Message, msg: Message) -> Message:
+    """Break the train replies of partitions NUM_HONEST.. in the way ``broken_app.BROKEN_KINDS`` says."""
+    partition = msg.metadata.dst_node_id - NODE_BASE
+    if msg.metadata.message_type != "train" or partition < NUM_HONEST:
+        return reply
+    kind = broken_app.BROKEN_KINDS[partition - NUM_HONEST]
+    if kind == "raises":
+        raise RuntimeError("this client crashed")
+    return Message(broken_app.corrupt(reply, kind), reply_to=msg)
+
+
+def dropper(reply: Message, msg: Message) -> Message:
+    """The reference: the same nodes, the broken ones failing instead (nothing of theirs is aggregated)."""
+    if msg.metadata.message_type == "train" and msg.metadata.dst_node_id - NODE_BASE >= NUM_HONEST:
+        raise RuntimeError("dropped")
+    return reply
+
+
+@pytest.mark.parametrize("strategy", [[], ["strategy=fedcm"], ["strategy=localupdate_decay"]])
+def test_broken_replies_are_rejected_and_counted(tiny_data, tmp_path, strategy):
+    models = {}
+    for name, tamper in (("broken", breaker), ("dropped", dropper)):
+        cfg = make_cfg(tiny_data, tmp_path / name, "model=logreg", "engine=batched", f"num_clients={NUM_NODES}",
+                       "participation.fraction=1.0", "num_rounds=2", *strategy)
+        grid = BatchedGrid(NUM_NODES, reply_filter=tamper, chunk_size=5)
+        run_experiment(grid, cfg, cfg["run_dir"])
+        assert grid.stacked_rounds == 2
+        with np.load(tmp_path / name / "final_model.npz") as f:
+            models[name] = {k: f[k] for k in f.files}
+        rows = read_metrics(tmp_path / name)[1:]
+        assert [r["num_replies"] for r in rows] == [NUM_HONEST] * 2
+        rejected = len(broken_app.BROKEN_KINDS) - 1 if name == "broken" else 0  # "raises" is a failure
+        assert [r["num_rejected"] for r in rows] == [rejected] * 2
+        assert [r["num_failures"] for r in rows] == [NUM_NODES - NUM_HONEST - rejected] * 2
+    for k in models["dropped"]:
+        np.testing.assert_array_equal(models["broken"][k], models["dropped"][k])
+    log = (tmp_path / "broken" / "run.log").read_text()
+    assert "wrong shape" in log or "shape" in log
+
+
+def test_killed_and_resumed_batched_run_is_bitwise_the_same(tiny_data, tmp_path):
+    """FedHBM on logistic regression: stacked clients, client state on disk, strategy state in the checkpoint."""
+    full_and_resumed(tiny_data, tmp_path, ["engine=batched", "model=logreg", "strategy=fedhbm", "num_rounds=40"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("engine.name=warp", "engine.name"),
+    ("engine.chunk_size=0", "engine.chunk_size"),
+    ("engine.vectorize=maybe", "engine.vectorize"),
+    ("backend.address=auto", "engine=batched"),
+])
+def test_bad_engine_settings_exit_2_before_any_work(tiny_data, tmp_path, override, message):
+    extra = [override] if override.startswith("engine.name") else ["engine=batched", override]
+    proc = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "run", *extra), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("flower-simulation: invalid configuration")]
+    assert len(lines) == 1 and message in lines[0]
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_batched_cli_run_writes_the_usual_run_dir(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "engine=batched", "progress_every=0.001"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
+    for name in ("metrics.csv", "metrics.jsonl", "accuracy.png", "final_model.npz", "summary.json", "config.json"):
+        assert (run_dir / name).exists(), name
+    assert "Batched engine: 4 nodes on cpu, one client after another" in proc.stderr + proc.stdout
+    assert "[batched] 2/2 clients done" in (run_dir / "run.log").read_text()  # progress_every: in-round lines
