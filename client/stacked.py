@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from client.augment import prepare_batch
+from client.augment import normalise, random_crop_flip, to_tensor
 from client.train import (
     GHBM_FAMILY,
     NONFINITE,
@@ -62,6 +62,29 @@ class ClientInput:
     correction: Mapping[str, Any] | Sequence[Any] | None = None
     momentum_term: Mapping[str, Any] | Sequence[Any] | None = None
     anchor: Mapping[str, Any] | Sequence[Any] | None = None
+    key: Any = None  # identifies x across rounds (e.g. dataset and partition): its float tensors are cached
+
+
+CACHE_BYTES = 2 << 30  # the most memory the per-client float copies of the data may take
+_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def _images(c: ClientInput, mean: Sequence[float], std: Sequence[float], device: torch.device,
+            normalised: bool) -> torch.Tensor:
+    """A client's images as a contiguous float (n, 3, H, W) tensor: in [0, 1] (augmentation crops and flips
+    before normalising, as :func:`client.augment.prepare_batch`) or already normalised. Rows gathered from it are
+    bitwise ``prepare_batch`` of the same rows (both are elementwise). Cached per ``key`` up to CACHE_BYTES."""
+    cache_key = None if c.key is None else (c.key, str(device), normalised, tuple(mean), tuple(std))
+    if cache_key in _CACHE:
+        return _CACHE[cache_key]
+    x = to_tensor(c.x, device).contiguous()
+    if normalised:
+        x = normalise(x, mean, std)
+    if cache_key is not None:
+        while _CACHE and sum(v.numel() * v.element_size() for v in _CACHE.values()) + x.numel() * 4 > CACHE_BYTES:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[cache_key] = x
+    return x
 
 
 def can_stack(model: nn.Module) -> bool:
@@ -94,7 +117,8 @@ def _client_view(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 class _Chunk:
     """The stacked state of one chunk during its round."""
 
-    def __init__(self, model: nn.Module, clients: Sequence[ClientInput], device: torch.device) -> None:
+    def __init__(self, model: nn.Module, clients: Sequence[ClientInput], device: torch.device,
+                 mean: Sequence[float], std: Sequence[float]) -> None:
         cfgs = [c.cfg for c in clients]
         for name in SHARED_FIELDS:
             if len({repr(getattr(c, name)) for c in cfgs}) > 1:
@@ -120,6 +144,17 @@ class _Chunk:
             self.steps = [num_local_steps(n, self.cfg.batch_size, self.cfg.local_epochs, self.cfg.local_steps)
                           for n in self.n]
         self.y = [torch.from_numpy(np.asarray(c.y, dtype=np.int64)).to(device) for c in clients]
+        self.mean, self.std = mean, std
+        self.images = [_images(c, mean, std, device, normalised=not self.cfg.augment) for c in clients]
+        self.plain = self.images if not self.cfg.augment else \
+            [_images(c, mean, std, device, normalised=True) for c in clients]  # loss-before: no augmentation
+
+    def batch(self, i: int, rows: np.ndarray, augment: bool) -> torch.Tensor:
+        """Model input of client ``i``'s ``rows``: ``prepare_batch`` (augmented with its generator when asked)."""
+        idx = torch.from_numpy(rows).to(self.device)
+        if not augment:
+            return self.plain[i][idx]
+        return normalise(random_crop_flip(self.images[i][idx], self.generators[i]), self.mean, self.std)
 
     # ------------------------------------------------------------------ losses
     def _loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
@@ -128,19 +163,29 @@ class _Chunk:
         ce = F.cross_entropy(functional_call(self.model, params, (x,)), y, reduction="none")
         return torch.where(mask, ce, torch.zeros_like(ce)).sum() / mask.sum()
 
-    def loss_before(self, mean: Sequence[float], std: Sequence[float]) -> list[float]:
+    def loss_before(self) -> list[float]:
         """Each client's "loss-before" on the examples :func:`client.train._loss_before` picks."""
         picks = []
         for c, gen, steps in zip(self.clients, self.generators, self.steps):
             idx = loss_before_indices(len(c.y), self.cfg.batch_size, steps, self.cfg.loss_before_batches, gen)
             picks.append(np.arange(len(c.y)) if idx is None else idx)
         sums = [0.0] * len(self.clients)
+        if self.device.type == "cpu":  # one forward per client: no stacked copy of the inputs (measured faster)
+            with torch.no_grad():
+                for i, pick in enumerate(picks):
+                    params = {k: v[i] for k, v in self.params.items()}
+                    for start in range(0, len(pick), EVAL_ROWS):
+                        r = pick[start:start + EVAL_ROWS]
+                        logits = functional_call(self.model, params, (self.batch(i, r, augment=False),))
+                        target = self.y[i][torch.from_numpy(r).to(self.device)]
+                        sums[i] += float(F.cross_entropy(logits, target, reduction="sum"))
+            return [s / len(p) for s, p in zip(sums, picks)]
         logits_fn = vmap(lambda p, x: functional_call(self.model, p, (x,)))
         for start in range(0, max(len(p) for p in picks), EVAL_ROWS):
             rows = [p[start:start + EVAL_ROWS] for p in picks]
             width = max(len(r) for r in rows)
             padded = [np.concatenate([r, np.full(width - len(r), r[0] if len(r) else 0)]) for r in rows]
-            xs = torch.stack([prepare_batch(c.x[r], mean, std, self.device) for c, r in zip(self.clients, padded)])
+            xs = torch.stack([self.batch(i, r, augment=False) for i, r in enumerate(padded)])
             with torch.no_grad():
                 logits = logits_fn(self.params, xs)
             for i, r in enumerate(rows):
@@ -150,15 +195,12 @@ class _Chunk:
         return [s / len(p) for s, p in zip(sums, picks)]
 
     # ------------------------------------------------------------------ steps
-    def step(self, active: list[int], batches: list[np.ndarray], mean: Sequence[float], std: Sequence[float],
-             step_index: int) -> torch.Tensor:
+    def step(self, active: list[int], batches: list[np.ndarray], step_index: int) -> torch.Tensor:
         """One local step of the ``active`` clients on their index ``batches``; returns their batch losses."""
         width = max(len(b) for b in batches)
         xs, ys, masks = [], [], []
         for i, b in zip(active, batches):
-            c = self.clients[i]
-            gen = self.generators[i] if self.cfg.augment else None
-            x = prepare_batch(c.x[b], mean, std, self.device, gen)
+            x = self.batch(i, b, self.cfg.augment)
             pad = width - len(b)
             idx = torch.from_numpy(b).to(self.device)
             y = self.y[i][idx]
@@ -222,8 +264,8 @@ def stacked_local_train(model: nn.Module, clients: Sequence[ClientInput], mean: 
         raise ValueError("stacked training needs a model whose state is only trainable parameters")
     model = model.to(device)
     _announce_accelerator(device)
-    chunk = _Chunk(model, clients, device)
-    loss_before = chunk.loss_before(mean, std)
+    chunk = _Chunk(model, clients, device, mean, std)
+    loss_before = chunk.loss_before()
     batches = [batch_indices(n, chunk.cfg.batch_size, s, g) for n, s, g in zip(chunk.n, chunk.steps,
                                                                                  chunk.generators)]
     losses: list[list[float]] = [[] for _ in clients]
@@ -232,7 +274,7 @@ def stacked_local_train(model: nn.Module, clients: Sequence[ClientInput], mean: 
         active = [i for i in range(len(clients)) if k < chunk.steps[i] and not stopped[i]]
         if not active:
             break
-        step_losses = chunk.step(active, [next(batches[i]) for i in active], mean, std, k)
+        step_losses = chunk.step(active, [next(batches[i]) for i in active], k)
         for i, loss in zip(active, step_losses.tolist()):
             if np.isfinite(loss):
                 losses[i].append(loss)

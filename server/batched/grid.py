@@ -206,7 +206,7 @@ class BatchedGrid(Grid):
         """Train ``chunk`` stacked and reply; if that raises, each client through its own handler instead."""
         first = chunk[0][1]
         inputs = [ClientInput(job.ds.x_train[job.idx], job.ds.y_train[job.idx], job.train_cfg, job.initial,
-                              **job.extra) for _, job in chunk]
+                              **job.extra, key=_data_key(job)) for _, job in chunk]
         try:
             results = stacked_local_train(first.model, inputs, first.ds.mean, first.ds.std, self.device)
         except Exception:
@@ -218,6 +218,13 @@ class BatchedGrid(Grid):
         for (msg, job), result in zip(chunk, results):
             self._store(msg, self._call(msg, lambda m, c, job=job, result=result: client_app.train_reply(
                 m, c, *client_app.finish_train(job, result))))
+
+
+def _data_key(job: client_app.TrainJob) -> tuple:
+    """What identifies a client's training data across rounds: the dataset and its partition."""
+    cfg = job.cfg
+    return (job.ds.cache_path, int(cfg[C.NUM_PARTITIONS]), str(cfg[C.ALPHA]), int(cfg[C.PARTITION_SEED]),
+            job.train_cfg.partition_id)
 
 
 @functools.lru_cache(maxsize=8)
