@@ -20,9 +20,11 @@ from flwr.clientapp import ClientApp
 
 from client import config as C
 from client.data import Dataset, load_dataset
+from client.datasets import NATURAL_DATASETS, NaturalData, load_task
+from client.examples import Examples, ImageExamples
 from client.models import build_model
 from client.partition import dirichlet_partition
-from client.train import _as_named, evaluate, get_device, load_arrays, local_train
+from client.train import _as_named, evaluate_examples, get_device, load_arrays, train_examples
 from strategies import client_state
 from strategies import protocol as P
 
@@ -40,6 +42,27 @@ def get_dataset(cfg: Mapping[str, Any]) -> Dataset:
     if key not in _DATASETS:
         _DATASETS[key] = load_dataset(key[0], key[1], key[2] or None, download=bool(cfg[C.DOWNLOAD]))
     return _DATASETS[key]
+
+
+def get_data(cfg: Mapping[str, Any]) -> Dataset | NaturalData:
+    """The CIFAR-10 arrays, or a seed 001 task's naturally partitioned arrays (``client.datasets``)."""
+    if cfg[C.DATASET] not in NATURAL_DATASETS:
+        return get_dataset(cfg)
+    key = (cfg[C.DATASET], str(cfg[C.DATA_ROOT]), str(cfg[C.CACHE_DIR]))
+    if key not in _DATASETS:
+        _DATASETS[key] = load_task(key[0], key[1], key[2] or None, download=bool(cfg[C.DOWNLOAD]))
+    return _DATASETS[key]
+
+
+def client_examples(cfg: Mapping[str, Any], ds: Dataset | NaturalData, partition_id: int, split: str,
+                    augment: bool = False) -> Examples:
+    """Client ``partition_id``'s examples of ``split``; a natural task has training clients only (seed 001
+    §8), so its "test" is the client's training data too."""
+    if isinstance(ds, NaturalData):
+        return ds.client(int(partition_id), augment)
+    idx = get_partition(cfg, split)[int(partition_id)]
+    x, y = (ds.x_train, ds.y_train) if split == "train" else (ds.x_test, ds.y_test)
+    return ImageExamples(x[idx], y[idx], ds.mean, ds.std, augment)
 
 
 def get_partition(cfg: Mapping[str, Any], split: str = "train") -> list[np.ndarray]:
@@ -73,7 +96,7 @@ def _prepare(config: Mapping[str, Any], partition_id: int, node_config: Mapping[
         torch.set_num_threads(int(cfg[C.TORCH_THREADS]))
     if not 0 <= int(partition_id) < int(cfg[C.NUM_PARTITIONS]):
         raise ValueError(f"partition-id {partition_id} outside [0, {cfg[C.NUM_PARTITIONS]})")
-    ds = get_dataset(cfg)
+    ds = get_data(cfg)
     return cfg, ds, get_model(str(cfg[C.MODEL]), ds.num_classes)
 
 
@@ -92,7 +115,6 @@ def train_on_partition(
     node-local state here (:mod:`strategies.client_state`).
     """
     cfg, ds, model = _prepare(config, partition_id, node_config)
-    idx = get_partition(cfg, "train")[int(partition_id)]
     received = _to_named_arrays(arrays)
     load_arrays(model, received)
     train_cfg = C.train_config(cfg, partition_id)
@@ -104,7 +126,8 @@ def train_on_partition(
         store = client_state.ClientStateStore.from_config(cfg, partition_id, node_config)
         state, state_metrics = client_state.round_input(store, train_cfg.algorithm, train_cfg.server_round, received)
         extra["anchor" if train_cfg.algorithm == "fedhbm" else "momentum_term"] = state
-    result = local_train(model, ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, train_cfg, **extra)
+    examples = client_examples(cfg, ds, partition_id, "train", train_cfg.augment)
+    result = train_examples(model, examples, train_cfg, **extra)
     out = {k: v.numpy() for k, v in result.arrays.items()}
     if store is not None:
         client_state.remember(store, train_cfg.algorithm, train_cfg.server_round, received, out)
@@ -119,10 +142,9 @@ def evaluate_on_partition(
     split = str(cfg[C.EVAL_SPLIT])
     if split not in ("train", "test"):
         raise ValueError(f"{C.EVAL_SPLIT} must be 'train' or 'test', got {split!r}")
-    idx = get_partition(cfg, split)[int(partition_id)]
-    x, y = (ds.x_train, ds.y_train) if split == "train" else (ds.x_test, ds.y_test)
     load_arrays(model, _to_named_arrays(arrays))
-    loss, acc, n = evaluate(model, x[idx], y[idx], ds.mean, ds.std, int(cfg[C.EVAL_MAX_EXAMPLES]))
+    loss, acc, n = evaluate_examples(model, client_examples(cfg, ds, partition_id, split),
+                                     int(cfg[C.EVAL_MAX_EXAMPLES]))
     return {P.NUM_EXAMPLES: int(n), "loss": float(loss), "accuracy": float(acc)}
 
 
