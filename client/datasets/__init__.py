@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from client.datacheck import DataSourceError
 from client.datasets import cifar100, femnist, shakespeare, stackoverflow
 from client.datasets.base import NaturalData, TaskSpec, load_natural
+from client.task_models import NATURAL_DATASETS, TASK_MODEL  # noqa: F401 - re-exported
 
 TASKS: dict[str, TaskSpec] = {s.name: s for s in (femnist.SPEC, shakespeare.SPEC, cifar100.SPEC,
                                                   stackoverflow.NWP_SPEC, stackoverflow.TP_SPEC)}
-NATURAL_DATASETS = tuple(TASKS)
-# the model each task is trained with in seed 001 §8 (App. C), and its output size
-TASK_MODELS = {"femnist": "femnist_cnn", "cifar100": "resnet18", "shakespeare": "char_lstm",
-               "stackoverflow_tp": "so_logreg", "stackoverflow_nwp": "so_lstm"}
+TASK_MODELS = TASK_MODEL  # the model each task is trained with in seed 001 §8 (App. C)
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class TaskSummary:
     num_partitions: int
     num_train: int
     num_outputs: int
-    from_cache: bool
+    sizes: np.ndarray  # examples of each partition, in partition-id order
 
 
 def spec(name: str) -> TaskSpec:
@@ -52,5 +52,5 @@ def check_task(name: str, root: str | None, cache_dir: str | None = None, downlo
     before any Flower process starts); every later look reads its ``meta.json``.
     """
     data = load_task(name, root, cache_dir, download, seed)
-    return TaskSummary(data.num_partitions, int(data.meta["num_rows"]["train"]), data.num_classes,
-                       from_cache=True)
+    sizes = np.diff(data.offsets)
+    return TaskSummary(data.num_partitions, int(data.meta["num_rows"]["train"]), data.num_classes, sizes)
