@@ -229,6 +229,8 @@ def _validate_natural(cfg: dict[str, Any], check_paths: bool) -> bool:
     """Seed 001's tasks (``client/datasets``): source, model, ``num_clients`` ("all" = every natural client)
     and ``participation.clients_per_round`` M (sets the fraction to M / num_clients). False for CIFAR-10."""
     name = _require(cfg, "data.name")
+    if name not in DATASETS:
+        raise ConfigError(f"'data.name' must be one of {DATASETS}, got {name!r}")
     if name not in NATURAL_DATASETS:
         if cfg.get("num_clients") == "all":
             raise ConfigError(f"'num_clients': 'all' needs a naturally partitioned data.name {NATURAL_DATASETS}")

@@ -238,6 +238,8 @@ def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: in
     partitioner.dataset = train
     os.environ.setdefault("TQDM_DISABLE", "1")  # NaturalIdPartitioner's progress bar
     parts = [partitioner.load_partition(p) for p in range(partitioner.num_partitions)]  # index views, no copy
+    if not parts:
+        raise DataSourceError(f"{spec.name}: the train split of {len(train)} rows yields no client partition")
     meta = dict(spec.prepare(train))
     ids = [str(v) for v in getattr(partitioner, "partition_id_to_natural_id", {}).values()] or \
         [str(p) for p in range(len(parts))]
@@ -265,6 +267,9 @@ def read_entry(spec: TaskSpec, entry: Path) -> NaturalData:
 def load_natural(spec: TaskSpec, root: str | None, cache_dir: str | None = None, download: bool = False,
                  seed: int = 0) -> NaturalData:
     """The task's cache entry, building it first when absent (once per machine, under a lock)."""
+    if root and not Path(root).expanduser().exists():
+        raise DataSourceError(f"no local copy of {spec.name} at {Path(root).expanduser().absolute()} (a saved "
+                              "Hugging Face dataset or parquet files)")
     entry = Path(cache_dir or default_cache_dir()).expanduser().absolute() / \
         f"{spec.name}-{source_key(spec, root, seed)}"
     if not (entry / "meta.json").exists():
