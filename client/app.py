@@ -21,9 +21,11 @@ from flwr.clientapp import ClientApp
 
 from client import config as C
 from client.data import Dataset, load_dataset
+from client.datasets import NATURAL_DATASETS, NaturalData, load_task
+from client.examples import Examples, ImageExamples
 from client.models import build_model
 from client.partition import dirichlet_partition
-from client.train import TrainConfig, TrainResult, _as_named, evaluate, get_device, load_arrays, local_train
+from client.train import TrainConfig, TrainResult, _as_named, evaluate_examples, get_device, load_arrays, train_examples
 from strategies import client_state
 from strategies import protocol as P
 
@@ -41,6 +43,27 @@ def get_dataset(cfg: Mapping[str, Any]) -> Dataset:
     if key not in _DATASETS:
         _DATASETS[key] = load_dataset(key[0], key[1], key[2] or None, download=bool(cfg[C.DOWNLOAD]))
     return _DATASETS[key]
+
+
+def get_data(cfg: Mapping[str, Any]) -> Dataset | NaturalData:
+    """The CIFAR-10 arrays, or a seed 001 task's naturally partitioned arrays (``client.datasets``)."""
+    if cfg[C.DATASET] not in NATURAL_DATASETS:
+        return get_dataset(cfg)
+    key = (cfg[C.DATASET], str(cfg[C.DATA_ROOT]), str(cfg[C.CACHE_DIR]))
+    if key not in _DATASETS:
+        _DATASETS[key] = load_task(key[0], key[1], key[2] or None, download=bool(cfg[C.DOWNLOAD]))
+    return _DATASETS[key]
+
+
+def client_examples(cfg: Mapping[str, Any], ds: Dataset | NaturalData, partition_id: int, split: str,
+                    augment: bool = False) -> Examples:
+    """Client ``partition_id``'s examples of ``split``; a natural task has training clients only (seed 001
+    §8), so its "test" is the client's training data too."""
+    if isinstance(ds, NaturalData):
+        return ds.client(int(partition_id), augment)
+    idx = get_partition(cfg, split)[int(partition_id)]
+    x, y = (ds.x_train, ds.y_train) if split == "train" else (ds.x_test, ds.y_test)
+    return ImageExamples(x[idx], y[idx], ds.mean, ds.std, augment)
 
 
 def get_partition(cfg: Mapping[str, Any], split: str = "train") -> list[np.ndarray]:
@@ -74,20 +97,20 @@ def _prepare(config: Mapping[str, Any], partition_id: int, node_config: Mapping[
         torch.set_num_threads(int(cfg[C.TORCH_THREADS]))
     if not 0 <= int(partition_id) < int(cfg[C.NUM_PARTITIONS]):
         raise ValueError(f"partition-id {partition_id} outside [0, {cfg[C.NUM_PARTITIONS]})")
-    ds = get_dataset(cfg)
+    ds = get_data(cfg)
     return cfg, ds, get_model(str(cfg[C.MODEL]), ds.num_classes)
 
 
 # --------------------------------------------------------------------------- plain functions
 @dataclass
 class TrainJob:
-    """One client's round, prepared: its resolved config, data indices, settings and the per-algorithm extras
+    """One client's round, prepared: its resolved config, examples, settings and the per-algorithm extras
     (``correction``, ``momentum_term`` or ``anchor``) that :func:`client.train.local_train` takes."""
 
     cfg: dict[str, Any]
-    ds: Dataset
+    ds: Dataset | NaturalData
     model: torch.nn.Module  # the process's model object, holding the received weights
-    idx: np.ndarray
+    examples: Examples  # the client's training examples (client.examples)
     train_cfg: TrainConfig
     extra: dict[str, Any]
     initial: Mapping[str, Any] | list[Any] = field(default_factory=dict)  # the received arrays
@@ -108,7 +131,8 @@ def prepare_train(
     cfg, ds, model = _prepare(config, partition_id, node_config)
     received = _to_named_arrays(arrays)
     load_arrays(model, received)
-    job = TrainJob(cfg, ds, model, get_partition(cfg, "train")[int(partition_id)], C.train_config(cfg, partition_id),
+    train_cfg = C.train_config(cfg, partition_id)
+    job = TrainJob(cfg, ds, model, client_examples(cfg, ds, partition_id, "train", train_cfg.augment), train_cfg,
                    {"correction": _to_named_arrays(correction) if correction is not None else None,
                     "momentum_term": _to_named_arrays(momentum_term) if momentum_term is not None else None},
                    initial=received)
@@ -144,10 +168,7 @@ def train_on_partition(
     node-local state (:mod:`strategies.client_state`).
     """
     job = prepare_train(config, arrays, partition_id, correction, node_config, momentum_term)
-    ds = job.ds
-    result = local_train(job.model, ds.x_train[job.idx], ds.y_train[job.idx], ds.mean, ds.std, job.train_cfg,
-                         **job.extra)
-    return finish_train(job, result)
+    return finish_train(job, train_examples(job.model, job.examples, job.train_cfg, **job.extra))
 
 
 def evaluate_on_partition(
@@ -158,10 +179,9 @@ def evaluate_on_partition(
     split = str(cfg[C.EVAL_SPLIT])
     if split not in ("train", "test"):
         raise ValueError(f"{C.EVAL_SPLIT} must be 'train' or 'test', got {split!r}")
-    idx = get_partition(cfg, split)[int(partition_id)]
-    x, y = (ds.x_train, ds.y_train) if split == "train" else (ds.x_test, ds.y_test)
     load_arrays(model, _to_named_arrays(arrays))
-    loss, acc, n = evaluate(model, x[idx], y[idx], ds.mean, ds.std, int(cfg[C.EVAL_MAX_EXAMPLES]))
+    loss, acc, n = evaluate_examples(model, client_examples(cfg, ds, partition_id, split),
+                                     int(cfg[C.EVAL_MAX_EXAMPLES]))
     return {P.NUM_EXAMPLES: int(n), "loss": float(loss), "accuracy": float(acc)}
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from client.partition import parse_alpha
+from client.task_models import NATURAL_DATASETS
 from client.train import TrainConfig
 from strategies import protocol as P
 
@@ -65,7 +66,7 @@ def resolve(config: Mapping[str, Any], node_config: Mapping[str, Any] | None = N
             out[key] = node_config[key]
     if NUM_PARTITIONS not in config and NUM_PARTITIONS in node_config:
         out[NUM_PARTITIONS] = node_config[NUM_PARTITIONS]
-    if not out[DATA_ROOT]:
+    if not out[DATA_ROOT] and out[DATASET] not in NATURAL_DATASETS:  # a natural task may download instead
         raise ValueError(f"config key {DATA_ROOT!r} (or node_config[{DATA_ROOT!r}]) is required")
     if NUM_PARTITIONS not in out:
         raise ValueError(f"config key {NUM_PARTITIONS!r} is required")

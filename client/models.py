@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from client.task_models import TASK_MODELS, build_task_model
+
 MODELS = ("cnn", "resnet20", "logreg")
 GN_GROUPS = 2
 
@@ -120,7 +122,9 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
         return LogisticRegression(num_classes)
     if name == "resnet20":
         return resnet20(num_classes)
-    raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
+    if name in TASK_MODELS:  # seed 001's task models (client/task_models.py)
+        return build_task_model(name, num_classes)
+    raise ValueError(f"unknown model {name!r}; expected one of {MODELS + TASK_MODELS}")
 
 
 def num_parameters(model: nn.Module) -> int:

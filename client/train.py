@@ -43,10 +43,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from client.augment import prepare_batch
+from client.examples import Examples, ImageExamples
 from strategies import protocol as P
 from strategies.math import (
     fedcm_local_step,
@@ -180,18 +179,34 @@ def evaluate(
 
     ``max_examples > 0`` evaluates on that many evenly spaced examples instead of all of them.
     """
+    return evaluate_examples(model, ImageExamples(x, y, mean, std, augment=False), max_examples, device)
+
+
+@torch.no_grad()
+def evaluate_examples(
+    model: nn.Module, examples: Examples, max_examples: int = 0, device: torch.device | None = None,
+    indices: np.ndarray | None = None,
+) -> tuple[float, float, int]:
+    """(mean loss, accuracy, n) of the model on ``examples`` (rows ``indices``, or all), without augmentation.
+
+    The loss is the sum of the task's loss terms over the number of terms (examples, or tokens for next-word
+    prediction); ``max_examples > 0`` evaluates on that many evenly spaced rows instead of all of them.
+    """
     device = device or get_device()
-    n = len(y)
-    idx = np.linspace(0, n - 1, max_examples).astype(np.int64) if 0 < max_examples < n else np.arange(n)
+    rows = np.arange(len(examples)) if indices is None else np.asarray(indices)
+    n = len(rows)
+    if 0 < max_examples < n:
+        rows = rows[np.linspace(0, n - 1, max_examples).astype(np.int64)]
     model.eval()
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(idx), EVAL_BATCH):
-        batch = idx[start : start + EVAL_BATCH]
-        logits = model(prepare_batch(x[batch], mean, std, device))
-        target = torch.from_numpy(np.asarray(y[batch])).to(device)
-        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
-        correct += int((logits.argmax(1) == target).sum())
-    return loss_sum / len(idx), correct / len(idx), len(idx)
+    loss_sum, loss_count, hits, scored = 0.0, 0, 0.0, 0
+    for start in range(0, len(rows), EVAL_BATCH):
+        inputs, targets = examples.batch(rows[start : start + EVAL_BATCH], device, None)
+        outputs = model(inputs)
+        total, count = examples.loss(outputs, targets)
+        loss_sum, loss_count = loss_sum + float(total), loss_count + count
+        h, s = examples.correct(outputs, targets)
+        hits, scored = hits + h, scored + s
+    return loss_sum / max(loss_count, 1), hits / max(scored, 1), len(rows)
 
 
 # --------------------------------------------------------------------------- loss before training
@@ -215,12 +230,10 @@ def loss_before_indices(
     return np.sort(torch.randperm(num_examples, generator=peek).numpy()[: num_steps * batch_size])
 
 
-def _loss_before(model: nn.Module, x: np.ndarray, y: np.ndarray, mean: Sequence[float], std: Sequence[float],
-                 cfg: TrainConfig, num_steps: int, generator: torch.Generator, device: torch.device) -> float:
-    idx = loss_before_indices(len(y), cfg.batch_size, num_steps, cfg.loss_before_batches, generator)
-    if idx is None:
-        return evaluate(model, x, y, mean, std, device=device)[0]
-    return evaluate(model, x[idx], np.asarray(y)[idx], mean, std, device=device)[0]
+def _loss_before(model: nn.Module, examples: Examples, cfg: TrainConfig, num_steps: int,
+                 generator: torch.Generator, device: torch.device) -> float:
+    idx = loss_before_indices(len(examples), cfg.batch_size, num_steps, cfg.loss_before_batches, generator)
+    return evaluate_examples(model, examples, device=device, indices=idx)[0]
 
 
 # --------------------------------------------------------------------------- local training
@@ -260,13 +273,25 @@ def local_train(
     ``correction`` is FedCM's server term per parameter (None = zero); ``momentum_term`` GHBM's / LocalGHBM's m
     and ``anchor`` FedHBM's a_i (None = zero momentum). The model is trained in place.
     """
+    return train_examples(model, ImageExamples(x, y, mean, std, cfg.augment), cfg, correction, device,
+                          momentum_term, anchor)
+
+
+def train_examples(
+    model: nn.Module,
+    examples: Examples,
+    cfg: TrainConfig,
+    correction: Mapping[str, Any] | Sequence[Any] | None = None,
+    device: torch.device | None = None,
+    momentum_term: Mapping[str, Any] | Sequence[Any] | None = None,
+    anchor: Mapping[str, Any] | Sequence[Any] | None = None,
+) -> TrainResult:
+    """:func:`local_train` on any task's :class:`client.examples.Examples` (its batches, loss and metric)."""
     start_time = time.perf_counter()
     device = device or get_device()
     model.to(device)
     _announce_accelerator(next(model.parameters()).device)
-    x = np.ascontiguousarray(x)
-    y_all = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
-    n = len(y_all)
+    n = len(examples)
     generator = round_generator(cfg.seed, cfg.server_round, cfg.partition_id)
 
     names = [k for k, p in model.named_parameters() if p.requires_grad]
@@ -278,7 +303,7 @@ def local_train(
         q = [torch.zeros_like(p) for p in params]
     else:
         num_steps = num_local_steps(n, cfg.batch_size, cfg.local_epochs, cfg.local_steps)
-    loss_before = _loss_before(model, x, y, mean, std, cfg, num_steps, generator, device)
+    loss_before = _loss_before(model, examples, cfg, num_steps, generator, device)
     corr = _per_param(model, names, params, correction if cfg.algorithm == "fedcm" else None, "fedcm correction",
                       device)
     extra = _per_param(model, names, params, (anchor if cfg.algorithm == "fedhbm" else momentum_term)
@@ -289,8 +314,9 @@ def local_train(
     nonfinite = False
     steps_done = 0
     for k, idx in enumerate(batch_indices(n, cfg.batch_size, num_steps, generator)):
-        inputs = prepare_batch(x[idx], mean, std, device, generator if cfg.augment else None)
-        loss = F.cross_entropy(model(inputs), y_all[torch.from_numpy(idx).to(device)])
+        inputs, targets = examples.batch(idx, device, generator)
+        total, count = examples.loss(model(inputs), targets)
+        loss = total / count
         if not torch.isfinite(loss):
             nonfinite = True
             break

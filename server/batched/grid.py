@@ -37,6 +37,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from client import app as client_app
 from client import config as C
+from client.examples import ImageExamples
 from client.models import build_model
 from client.stacked import ClientInput, can_stack, stacked_local_train
 from server.batched.workers import WorkerPool
@@ -159,6 +160,10 @@ class BatchedGrid(Grid):
                 jobs.append((msg, client_app.prepare_train(**client_app.train_request(msg, context))))
             except Exception:  # unknown node or a request the client refuses: its handler answers with the error
                 self._store(msg, self._call(msg, client_app.train))
+        if not all(isinstance(job.examples, ImageExamples) for _, job in jobs):  # stacked: image tasks only
+            self._train_one_by_one([msg for msg, _ in jobs])
+            self._round_started = None
+            return
         size = self.chunk_size or max(len(jobs), 1)
         for start in range(0, len(jobs), size):
             self._train_stacked(jobs[start:start + size])
@@ -205,10 +210,10 @@ class BatchedGrid(Grid):
     def _train_stacked(self, chunk: list[tuple[Message, client_app.TrainJob]]) -> None:
         """Train ``chunk`` stacked and reply; if that raises, each client through its own handler instead."""
         first = chunk[0][1]
-        inputs = [ClientInput(job.ds.x_train[job.idx], job.ds.y_train[job.idx], job.train_cfg, job.initial,
-                              **job.extra, key=_data_key(job)) for _, job in chunk]
+        inputs = [ClientInput(job.examples.x, job.examples.y, job.train_cfg, job.initial, **job.extra,
+                              key=_data_key(job)) for _, job in chunk]
         try:
-            results = stacked_local_train(first.model, inputs, first.ds.mean, first.ds.std, self.device)
+            results = stacked_local_train(first.model, inputs, first.examples.mean, first.examples.std, self.device)
         except Exception:
             log(WARNING, "[batched] a stacked chunk of %d clients raised; training them one by one:\n%s", len(chunk),
                 traceback.format_exc(limit=3))
@@ -223,8 +228,8 @@ class BatchedGrid(Grid):
 def _data_key(job: client_app.TrainJob) -> tuple:
     """What identifies a client's training data across rounds: the dataset and its partition."""
     cfg = job.cfg
-    return (job.ds.cache_path, int(cfg[C.NUM_PARTITIONS]), str(cfg[C.ALPHA]), int(cfg[C.PARTITION_SEED]),
-            job.train_cfg.partition_id)
+    return (cfg[C.DATASET], str(cfg[C.DATA_ROOT]), int(cfg[C.NUM_PARTITIONS]), str(cfg[C.ALPHA]),
+            int(cfg[C.PARTITION_SEED]), job.train_cfg.partition_id)
 
 
 @functools.lru_cache(maxsize=8)

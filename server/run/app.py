@@ -87,7 +87,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     num_rounds, eval_every, ckpt_every = int(cfg["num_rounds"]), int(cfg["eval_every"]), int(cfg["checkpoint_every"])
 
     dataset = build.server_dataset(cfg)
-    strategy = build.build_strategy(cfg, num_train=len(dataset.y_train))
+    strategy = build.build_strategy(cfg, num_train=build.train_size(dataset))
     start = _resume(cfg, run_dir, strategy)
     arrays = strategy.model_record() if start else build.initial_model(cfg)
     if not start:

@@ -11,9 +11,12 @@ import torch
 from flwr.app import ArrayRecord
 
 from client.data import Dataset, load_dataset
+from client.datasets import NaturalData, load_task
+from client.examples import ImageExamples
 from client.models import build_model
 from client.partition import client_sizes, dirichlet_partition, label_histograms, parse_alpha, save_histograms
-from client.train import evaluate, get_device, load_arrays
+from client.task_models import MODEL_OUTPUTS, NATURAL_DATASETS
+from client.train import evaluate_examples, get_device, load_arrays
 from server.run import config as config_lib
 from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay, UniformClientManager
 from strategies.base import ServerOptStrategy
@@ -93,13 +96,16 @@ def bind_partitions(cfg: Mapping[str, Any]) -> bool:
 def initial_model(cfg: Mapping[str, Any]) -> ArrayRecord:
     """theta^0: the configured model initialised from ``seed``."""
     torch.manual_seed(int(cfg["seed"]))
-    model = build_model(cfg["model"]["name"])
+    name = cfg["model"]["name"]
+    model = build_model(name, MODEL_OUTPUTS.get(name, 10))
     return ArrayRecord(model.state_dict())
 
 
-def server_dataset(cfg: Mapping[str, Any]) -> Dataset:
+def server_dataset(cfg: Mapping[str, Any]) -> Dataset | NaturalData:
     """The dataset the clients use (same source and cache), for server-side evaluation."""
     d = cfg["data"]
+    if d["name"] in NATURAL_DATASETS:
+        return load_task(d["name"], d.get("root"), d.get("cache_dir"), bool(d.get("download", False)))
     return load_dataset(d["name"], d["root"], d.get("cache_dir") or None, download=bool(d.get("download", False)))
 
 
@@ -109,12 +115,44 @@ def client_partitions(cfg: Mapping[str, Any], ds: Dataset) -> list[np.ndarray]:
                                int(cfg["seed"]), ds.num_classes)
 
 
-def save_partition_summary(cfg: Mapping[str, Any], ds: Dataset, run_dir: Path) -> np.ndarray:
-    """Per-client label histograms of the clients' split (csv, json, png in the run dir)."""
+def train_size(ds: Dataset | NaturalData) -> int | None:
+    """Training examples of a CIFAR-10 split (for trust.max_num_examples=auto); None for a natural task,
+    whose cap :func:`server.config.validate` sets to its largest selected client."""
+    return None if isinstance(ds, NaturalData) else len(ds.y_train)
+
+
+def save_partition_summary(cfg: Mapping[str, Any], ds: Dataset | NaturalData, run_dir: Path) -> np.ndarray:
+    """Per-client label histograms of the clients' split (csv, json, png in the run dir); for a natural task,
+    ``partition.csv``: partition id, natural id and number of examples of every selected client."""
+    if isinstance(ds, NaturalData):
+        return save_natural_partitions(ds, int(cfg["num_clients"]), run_dir)
     parts = client_partitions(cfg, ds)
     hist = label_histograms(np.asarray(ds.y_train), parts, ds.num_classes)
     save_histograms(run_dir, hist, ds.classes, title=f"alpha={cfg['data']['alpha']}", stem="partition")
     return hist
+
+
+def evaluation_examples(cfg: Mapping[str, Any], ds: Dataset | NaturalData) -> tuple[Any, list[Any]]:
+    """(server test examples, each selected client's training examples). A natural task without a test split
+    (FEMNIST, Shakespeare, Stack Overflow: seed 001 §8 uses training clients only) is tested on the training
+    examples of the selected clients, which are contiguous rows of its cache."""
+    n = int(cfg["num_clients"])
+    if isinstance(ds, NaturalData):
+        test = ds.split("test") if "test" in ds.meta["num_rows"] else ds.split("train", int(ds.offsets[n]))
+        return test, [ds.client(i, augment=False) for i in range(n)] if cfg.get("eval_train") else []
+    test = ImageExamples(ds.x_test, ds.y_test, ds.mean, ds.std, augment=False)
+    parts = client_partitions(cfg, ds) if cfg.get("eval_train") else []
+    return test, [ImageExamples(ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, False) for idx in parts]
+
+
+def save_natural_partitions(ds: NaturalData, num_clients: int, run_dir: Path) -> np.ndarray:
+    """``partition.csv``: partition id, natural id (writer, role, user, ...) and examples of each selected client."""
+    sizes = np.diff(ds.offsets)[:num_clients]
+    ids = ds.meta["natural_ids"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["client,natural_id,total"] + [f"{i},{ids[i]},{int(s)}" for i, s in enumerate(sizes)]
+    (run_dir / "partition.csv").write_text("\n".join(lines) + "\n")
+    return sizes[:, None]
 
 
 class Evaluator:
@@ -126,11 +164,12 @@ class Evaluator:
     ``eval_train_max_examples`` > 0 takes that many examples in all, evenly spaced within each partition.
     """
 
-    def __init__(self, cfg: Mapping[str, Any], ds: Dataset) -> None:
+    def __init__(self, cfg: Mapping[str, Any], ds: Dataset | NaturalData) -> None:
         self.ds = ds
         self.model = build_model(cfg["model"]["name"], ds.num_classes).to(get_device())
         self.max_examples = int(cfg.get("eval_max_examples", 0))
-        self.partitions = client_partitions(cfg, ds) if cfg.get("eval_train") else None
+        self.test, clients = evaluation_examples(cfg, ds)
+        self.partitions = clients if cfg.get("eval_train") else None
         train_max = int(cfg.get("eval_train_max_examples", 0))
         self.per_client_max = max(1, -(-train_max // int(cfg["num_clients"]))) if train_max > 0 else 0
 
@@ -138,15 +177,14 @@ class Evaluator:
         """(test loss, test accuracy)."""
         load_arrays(self.model, {k: v.numpy() for k, v in arrays.items()})
         with torch.no_grad():
-            loss, acc, _ = evaluate(self.model, self.ds.x_test, self.ds.y_test, self.ds.mean, self.ds.std,
-                                    self.max_examples)
+            loss, acc, _ = evaluate_examples(self.model, self.test, self.max_examples)
         return float(loss), float(acc)
 
     def population(self, arrays: ArrayRecord) -> tuple[float, float]:
         """(population train loss f(x), population train accuracy): means over clients of their means."""
         load_arrays(self.model, {k: v.numpy() for k, v in arrays.items()})
-        per_client = [evaluate(self.model, self.ds.x_train[idx], self.ds.y_train[idx], self.ds.mean, self.ds.std,
-                               self.per_client_max)[:2] for idx in self.partitions]
+        per_client = [evaluate_examples(self.model, examples, self.per_client_max)[:2]
+                      for examples in self.partitions]
         loss, acc = np.mean(np.asarray(per_client, dtype=np.float64), axis=0)
         return float(loss), float(acc)
 

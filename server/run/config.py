@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from client.partition import parse_alpha
+from client.task_models import MODEL_OUTPUTS, NATURAL_DATASETS, TASK_MODEL
 from strategies import math as fm
 from strategies.participation import make_schedule
 
@@ -24,9 +25,9 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config grou
 STRATEGIES = ("fedavgm", "fedcm", "localupdate", "localupdate_decay", "ghbm", "localghbm", "fedhbm")
 FEDOPT_STRATEGIES = ("fedavgm", "localupdate", "localupdate_decay")  # accept strategy.server_optimizer
 GHBM_FAMILY = ("ghbm", "localghbm", "fedhbm")
-MODELS = ("cnn", "resnet20", "logreg")
+MODELS = ("cnn", "resnet20", "logreg", *MODEL_OUTPUTS)
 ENGINES = ("ray", "batched")
-DATASETS = ("cifar10", "cifar10_folder")
+DATASETS = ("cifar10", "cifar10_folder", *NATURAL_DATASETS)
 TOY_DATASETS = ()
 
 
@@ -76,6 +77,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     remote SuperLink need not hold the data; the ServerApp validates again where it runs).
     """
     _positive_int(cfg, "num_rounds")
+    natural = _validate_natural(cfg, check_paths)
     num_clients = _positive_int(cfg, "num_clients")
     _positive_int(cfg, "seed", 0)
     _positive_int(cfg, "eval_every")
@@ -120,7 +122,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     if "loss_before_batches" in c:
         _positive_int(cfg, "client.loss_before_batches", -1)
     _validate_trust(cfg)
-    _validate_data(cfg, check_paths)
+    if not natural:
+        _validate_data(cfg, check_paths)
     _validate_backend(cfg.get("backend", {}))
     _validate_engine(cfg)
     return cfg
@@ -261,14 +264,57 @@ def _validate_data(cfg: dict[str, Any], check_paths: bool) -> None:
                           f"examples of data.root {root}: every client needs at least one")
 
 
+def _validate_natural(cfg: dict[str, Any], check_paths: bool) -> bool:
+    """Seed 001's tasks (``client/datasets``): source, model, ``num_clients`` ("all" = every natural client)
+    and ``participation.clients_per_round`` M (sets the fraction to M / num_clients). False for CIFAR-10."""
+    name = _require(cfg, "data.name")
+    if name not in DATASETS:
+        raise ConfigError(f"'data.name' must be one of {DATASETS}, got {name!r}")
+    if name not in NATURAL_DATASETS:
+        if cfg.get("num_clients") == "all":
+            raise ConfigError(f"'num_clients': 'all' needs a naturally partitioned data.name {NATURAL_DATASETS}")
+        return False
+    data, model = cfg["data"], _require(cfg, "model.name")
+    if model != TASK_MODEL[name]:
+        raise ConfigError(f"'model.name': data {name} is trained with model={TASK_MODEL[name]}, got {model!r}")
+    for key in ("root", "cache_dir"):
+        if data.get(key):
+            data[key] = os.path.abspath(os.path.expanduser(str(data[key])))
+    summary = None
+    if check_paths:
+        from client import datacheck, datasets
+
+        try:
+            summary = datasets.check_task(name, data.get("root"), data.get("cache_dir"), bool(data.get("download")))
+        except datacheck.DataSourceError as err:
+            raise ConfigError(f"'{'data.root' if data.get('root') else 'data.download'}': {err}") from None
+        if cfg.get("num_clients") == "all":
+            cfg["num_clients"] = summary.num_partitions
+    elif cfg.get("num_clients") == "all":
+        raise ConfigError("'num_clients': 'all' needs the data on this host (give the number of clients)")
+    num_clients = _positive_int(cfg, "num_clients")
+    if summary is not None and num_clients > summary.num_partitions:
+        raise ConfigError(f"'num_clients' = {num_clients} is more than the {summary.num_partitions} natural clients "
+                          f"of {name}")
+    m = cfg.get("participation", {}).get("clients_per_round")
+    if m is not None:
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= num_clients:
+            raise ConfigError(f"'participation.clients_per_round' must be an integer in [1, {num_clients}], got {m!r}")
+        cfg["participation"]["fraction"] = m / num_clients
+    trust = cfg.setdefault("trust", {})
+    if summary is not None and trust.get("max_num_examples", "auto") == "auto":
+        trust["max_num_examples"] = int(summary.sizes[:num_clients].max())  # the largest selected client
+    return True
+
+
 def client_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The static part of every train message's ConfigRecord (see client/config.py)."""
     c, d = cfg["client"], cfg["data"]
-    alpha = parse_alpha(d["alpha"])
+    alpha = parse_alpha(d.get("alpha", "inf"))  # unused by the naturally partitioned tasks
     return {
         "model": cfg["model"]["name"],
         "dataset": d["name"],
-        "data-root": d["root"],
+        "data-root": d.get("root") or "",
         "cache-dir": d.get("cache_dir") or "",
         "download": bool(d.get("download", False)),
         "num-partitions": int(cfg["num_clients"]),

@@ -4,10 +4,10 @@ The Ray side is Flower's real ``run_simulation`` (one Ray start, one ServerApp r
 turn on the same simulated SuperNodes); the batched side is ``run_experiment`` on a ``BatchedGrid``. Clients have
 unequal Dirichlet partitions (alpha = 1: different step counts and last batches) and augmentation.
 
-Tolerance: the CNN is trained one client after another through the ClientApp's own code (in the driver, or in two
-worker processes), so its final model must be **bitwise** the Ray engine's. Logistic regression is trained stacked (vmap): float32 sums in another
-order, so its final model may differ by a normwise relative ``STACKED_TOL`` = 1e-5 (float32 eps is 1.2e-7; the
-differences measured here are printed and recorded in docs/benchmarks.md).
+Tolerance: the CNN is trained one client after another through the ClientApp's own code (in the driver, or in
+two worker processes), so its final model must be **bitwise** the Ray engine's. Logistic regression is trained
+stacked (vmap), where float32 sums may run in another order, so its final model may differ by a normwise relative
+``STACKED_TOL`` = 1e-5 (float32 eps is 1.2e-7); measured here: 0 for every strategy (the printed differences).
 """
 
 import numpy as np

@@ -1,0 +1,280 @@
+"""Natural-partition federated datasets through ``flwr-datasets`` (seed 001 §8 and App. C).
+
+A task (:class:`TaskSpec`) names its Hugging Face dataset, the column that identifies a natural client and how
+rows become arrays. Its data come from, in order:
+
+- ``root`` (``data.root``): a local copy in the hub schema — a folder saved by ``Dataset.save_to_disk`` /
+  ``DatasetDict.save_to_disk``, or parquet files (one ``.parquet`` file, or a folder of them; a file or folder
+  whose name starts with ``test`` is the test split, the rest is ``train``);
+- otherwise, with ``download`` true, the hub copy through ``flwr_datasets.FederatedDataset`` (``datasets``
+  caches the download in ``$HF_HOME``); a failed download is a :class:`DataSourceError` naming the dataset.
+
+The train split is partitioned by the real ``flwr_datasets`` partitioner of the task (``NaturalIdPartitioner``
+on the natural-id column, or the task's own ``Partitioner`` subclass). Partition id ``p`` is the p-th natural id
+in sorted order (``NaturalIdPartitioner``'s documented order), so ids are stable across runs and machines.
+
+Encoding runs once per machine into a cache entry (like ``client.data``): every array is written partition by
+partition, in partition-id order, straight into ``.npy`` memory maps (``np.lib.format.open_memmap``), so one
+client's data is a contiguous slice, ``offsets[p]:offsets[p + 1]``, and a process holds no copy of the data
+besides the page cache: the Arrow source is memory-mapped too. ``meta.json`` is written last (the completion
+marker) under the same ``flock`` as ``client.data``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from client.data import _locked, default_cache_dir
+from client.datacheck import DataSourceError
+
+CACHE_VERSION = 1
+ENCODE_CHUNK = 4096
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What one task needs: source, schema, partitioning, encoding and its examples."""
+
+    name: str
+    hub_name: str | None  # the default download; None: no published copy, a local copy is required
+    partition_by: str  # the natural-id column (CIFAR-100: the column its own partitioner reads)
+    columns: Mapping[str, str]  # required column -> what it must hold (for error messages)
+    arrays: Callable[[Mapping[str, Any], int], dict[str, tuple[tuple[int, ...], Any]]]  # (meta, n) -> shapes
+    encode: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, np.ndarray]]  # (rows, meta) -> arrays
+    examples: Callable[[Mapping[str, np.ndarray], Mapping[str, Any], bool], Any]  # (arrays, meta, augment)
+    prepare: Callable[[Any], dict[str, Any]] = lambda dataset: {}  # one pass over train (vocabularies, ...)
+    partitioner: Callable[[int], Any] | None = None  # (seed) -> Partitioner; None: NaturalIdPartitioner
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NaturalData:
+    """The memory-mapped arrays of one cache entry: per split, arrays in partition order plus offsets."""
+
+    spec: TaskSpec
+    meta: Mapping[str, Any]
+    arrays: Mapping[str, Mapping[str, np.ndarray]]  # split -> name -> array
+    offsets: np.ndarray  # (num_partitions + 1,) row offsets of the train split
+    cache_path: Path
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.meta["num_outputs"])
+
+    def client(self, partition_id: int, augment: bool = True) -> Any:
+        """The Examples of training client ``partition_id`` (views, no copy)."""
+        if not 0 <= partition_id < self.num_partitions:
+            raise ValueError(f"partition-id {partition_id} outside [0, {self.num_partitions})")
+        return self._rows("train", int(self.offsets[partition_id]), int(self.offsets[partition_id + 1]), augment)
+
+    def split(self, split: str, stop: int | None = None) -> Any:
+        """Examples of a whole split (``stop``: its first rows only), never augmented."""
+        n = int(self.meta["num_rows"][split])
+        return self._rows(split, 0, n if stop is None else min(stop, n), False)
+
+    def _rows(self, split: str, start: int, stop: int, augment: bool) -> Any:
+        arrays, views = self.arrays[split], {}
+        for name, array in arrays.items():
+            if name.endswith("_ptr"):  # ragged: row offsets into the flat array of the same name
+                ptr = views[name] = array[start : stop + 1]
+                views[name[: -len("_ptr")]] = arrays[name[: -len("_ptr")]][int(ptr[0]) : int(ptr[-1])]
+            elif name + "_ptr" not in arrays:
+                views[name] = array[start:stop]
+        return self.spec.examples(views, self.meta, augment)
+
+
+# --------------------------------------------------------------------------- sources
+def source_key(spec: TaskSpec, root: str | None, seed: int) -> str:
+    """Cache key: task, partitioner seed and the local copy's files (path, size, mtime) or the hub name."""
+    parts = [f"v{CACHE_VERSION}", spec.name, str(seed) if spec.partitioner else ""]
+    if root:
+        path = Path(root)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        parts += [f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
+    else:
+        parts.append(f"hub:{spec.hub_name}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _parquet_files(path: Path) -> dict[str, list[str]]:
+    files = [path] if path.is_file() else sorted(path.rglob("*.parquet"))
+    out: dict[str, list[str]] = {}
+    for f in files:
+        rel = f.relative_to(path) if path.is_dir() else Path(f.name)
+        split = "test" if any(part.startswith("test") for part in rel.parts) else "train"
+        out.setdefault(split, []).append(str(f))
+    return out
+
+
+def open_source(spec: TaskSpec, root: str | None, download: bool) -> dict[str, Any]:
+    """{"train": datasets.Dataset, ["test": ...]} of a local copy or of the hub (DataSourceError otherwise)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    if root:
+        path = Path(root).expanduser().absolute()
+        if not path.exists():
+            raise DataSourceError(f"no local copy of {spec.name} at {path} (a saved Hugging Face dataset or "
+                                  "parquet files)")
+        try:
+            if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+                loaded = datasets.load_from_disk(str(path))
+                splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+            else:
+                files = _parquet_files(path)
+                if "train" not in files:
+                    raise DataSourceError(f"{path} holds no saved Hugging Face dataset and no train parquet files")
+                splits = {s: datasets.Dataset.from_parquet(f) for s, f in files.items()}
+        except DataSourceError:
+            raise
+        except Exception as err:  # arrow / parquet / json decoding errors: one line
+            raise DataSourceError(f"cannot read {path}: {str(err).splitlines()[0]}") from None
+    else:
+        splits = _download(spec, download)
+    if "train" not in splits:
+        raise DataSourceError(f"{root or spec.hub_name} has no 'train' split (found {sorted(splits)})")
+    for split, dataset in splits.items():
+        check_columns(spec, dataset, f"{root or spec.hub_name} [{split}]")
+    return {s: d for s, d in splits.items() if s in SPLITS}
+
+
+def _download(spec: TaskSpec, download: bool) -> dict[str, Any]:
+    if spec.hub_name is None:
+        raise DataSourceError(f"{spec.name} has no published copy to download: give data.root (a local copy in "
+                              f"the schema {dict(spec.columns)})")
+    if not download:
+        raise DataSourceError(f"no data.root for {spec.name} and data.download is false")
+    from flwr_datasets import FederatedDataset
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    try:  # flwr-datasets downloads every split of the named dataset through datasets.load_dataset
+        fds = FederatedDataset(dataset=spec.hub_name, shuffle=False,
+                               partitioners={"train": NaturalIdPartitioner(partition_by=spec.partition_by)})
+        return {s: fds.load_split(s) for s in fds._dataset}  # noqa: SLF001 - the splits it downloaded
+    except Exception as err:  # offline, unknown name, auth: one line
+        raise DataSourceError(f"could not download {spec.hub_name!r} for {spec.name}: "
+                              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+
+
+def check_columns(spec: TaskSpec, dataset: Any, where: str) -> None:
+    """Every required column is present (names only; values are checked while encoding)."""
+    missing = [c for c in spec.columns if c not in dataset.column_names]
+    if missing:
+        raise DataSourceError(f"{where} lacks column {missing[0]!r} ({spec.columns[missing[0]]}); it has "
+                              f"{dataset.column_names}")
+    if len(dataset) == 0:
+        raise DataSourceError(f"{where} has no rows")
+
+
+# --------------------------------------------------------------------------- partition + encode
+def make_partitioner(spec: TaskSpec, seed: int) -> Any:
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    return spec.partitioner(seed) if spec.partitioner else NaturalIdPartitioner(partition_by=spec.partition_by)
+
+
+def _iter_rows(dataset: Any) -> Iterator[dict[str, Any]]:
+    yield from dataset.iter(batch_size=ENCODE_CHUNK)
+
+
+def _open(entry: Path, split: str, shapes: Mapping[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
+    return {k: np.lib.format.open_memmap(entry / f".{split}_{k}.npy.tmp", mode="w+", dtype=dtype, shape=shape)
+            for k, (shape, dtype) in shapes.items()}
+
+
+def _write(out: dict[str, np.ndarray], pos: dict[str, int], arrays: Mapping[str, np.ndarray]) -> None:
+    for k, v in arrays.items():
+        if k.endswith("_ptr"):
+            continue
+        out[k][pos[k] : pos[k] + len(v)] = v
+        if k + "_ptr" in out:
+            lengths = arrays[k + "_ptr"]
+            row = pos[k + "_ptr"]
+            out[k + "_ptr"][row + 1 : row + 1 + len(lengths)] = pos[k] + np.cumsum(lengths)
+            pos[k + "_ptr"] = row + len(lengths)
+        pos[k] += len(v)
+
+
+def encode_split(spec: TaskSpec, parts: Iterator[Any], n: int, meta: Mapping[str, Any], entry: Path,
+                 split: str) -> list[int]:
+    """Encode the partitions (Datasets, in order) of one split into ``<split>_*.npy``; returns row offsets.
+
+    Ragged arrays ``k`` come with ``k_ptr`` (row -> start in ``k``): the encoder returns per-row lengths as
+    ``k_ptr`` and their values flat as ``k``; their sizes are counted by ``spec.arrays``.
+    """
+    out = _open(entry, split, spec.arrays(meta, n))
+    pos = {k: 0 for k in out}
+    offsets = [0]
+    for p, part in enumerate(parts):
+        if len(part) == 0:
+            raise DataSourceError(f"{spec.name}: partition {p} ({split}) has no examples")
+        for rows in _iter_rows(part):
+            _write(out, pos, spec.encode(rows, meta))
+        offsets.append(offsets[-1] + len(part))
+    for k, array in out.items():
+        array.flush()
+        del array
+        os.replace(entry / f".{split}_{k}.npy.tmp", entry / f"{split}_{k}.npy")
+    return offsets
+
+
+def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: int) -> None:
+    """Partition the train split with the task's flwr-datasets partitioner and encode every split."""
+    train = splits["train"]
+    partitioner = make_partitioner(spec, seed)
+    partitioner.dataset = train
+    os.environ.setdefault("TQDM_DISABLE", "1")  # NaturalIdPartitioner's progress bar
+    parts = [partitioner.load_partition(p) for p in range(partitioner.num_partitions)]  # index views, no copy
+    if not parts:
+        raise DataSourceError(f"{spec.name}: the train split of {len(train)} rows yields no client partition")
+    meta = dict(spec.prepare(train))
+    ids = [str(v) for v in getattr(partitioner, "partition_id_to_natural_id", {}).values()] or \
+        [str(p) for p in range(len(parts))]
+    num_rows = sum(len(part) for part in parts)
+    offsets = encode_split(spec, iter(parts), num_rows, meta, entry, "train")
+    rows = {"train": num_rows}
+    if "test" in splits:
+        encode_split(spec, iter([splits["test"]]), len(splits["test"]), meta, entry, "test")
+        rows["test"] = len(splits["test"])
+    np.save(entry / "train_offsets.npy", np.asarray(offsets, dtype=np.int64))
+    meta = {k: v for k, v in meta.items() if not k.startswith("_")}  # drop per-process lookup tables
+    meta.update(task=spec.name, version=CACHE_VERSION, num_rows=rows, natural_ids=ids)
+    tmp = entry / f".meta.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, entry / "meta.json")
+
+
+def read_entry(spec: TaskSpec, entry: Path) -> NaturalData:
+    meta = json.loads((entry / "meta.json").read_text())
+    arrays = {s: {p.name[len(s) + 1 : -4]: np.load(p, mmap_mode="r") for p in sorted(entry.glob(f"{s}_*.npy"))
+                  if p.name != "train_offsets.npy"} for s in meta["num_rows"]}
+    return NaturalData(spec, meta, arrays, np.load(entry / "train_offsets.npy"), entry)
+
+
+def load_natural(spec: TaskSpec, root: str | None, cache_dir: str | None = None, download: bool = False,
+                 seed: int = 0) -> NaturalData:
+    """The task's cache entry, building it first when absent (once per machine, under a lock)."""
+    if root and not Path(root).expanduser().exists():
+        raise DataSourceError(f"no local copy of {spec.name} at {Path(root).expanduser().absolute()} (a saved "
+                              "Hugging Face dataset or parquet files)")
+    entry = Path(cache_dir or default_cache_dir()).expanduser().absolute() / \
+        f"{spec.name}-{source_key(spec, root, seed)}"
+    if not (entry / "meta.json").exists():
+        entry.mkdir(parents=True, exist_ok=True)
+        with _locked(entry / ".lock"):
+            if not (entry / "meta.json").exists():
+                build_entry(spec, open_source(spec, root, download), entry, seed)
+    return read_entry(spec, entry)

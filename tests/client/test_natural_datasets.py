@@ -1,0 +1,149 @@
+"""Seed 001's tasks (client/datasets, client/task_models): generated data in each hub schema, run through the
+real flwr-datasets partitioners, every model's forward/backward and size, and bad copies (one-line errors)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from natural_datagen import MAKERS, make_cifar100, make_femnist, make_shakespeare, write
+
+from client.datacheck import DataSourceError
+from client.datasets import TASK_MODELS, load_task
+from client.datasets.cifar100 import pachinko_split
+from client.models import build_model, num_parameters
+from client.task_models import MODEL_OUTPUTS, resnet18_gn
+from client.train import TrainConfig, evaluate_examples, train_examples
+from server.run.config import ConfigError, validate
+
+PARAMS = {"femnist_cnn": 1_690_046, "resnet18": 11_227_812, "char_lstm": 820_185, "so_logreg": 5_000_500,
+          "so_lstm": 4_053_428}
+
+
+@pytest.mark.parametrize("name", sorted(PARAMS))
+def test_model_sizes_match_their_docstrings(name):
+    model = build_model(name, MODEL_OUTPUTS[name])
+    assert num_parameters(model) == PARAMS[name]
+    doc = resnet18_gn.__doc__ if name == "resnet18" else type(model).__doc__
+    assert f"{PARAMS[name]:,} parameters" in " ".join((doc or "").split())
+
+
+@pytest.mark.parametrize("name", sorted(MAKERS))
+@pytest.mark.parametrize("fmt", ["parquet", "disk"])
+def test_task_loads_partitions_and_trains(name, fmt, tmp_path):
+    torch.manual_seed(0)
+    source = MAKERS[name]()
+    root = write(source, tmp_path / "copy", fmt)
+    data = load_task(name, str(root), str(tmp_path / "cache"))
+    train = source["train"]
+    if name == "cifar100":  # Pachinko split: 100 examples per client, disjoint
+        assert data.num_partitions == len(train) // 100 and set(np.diff(data.offsets)) == {100}
+    else:  # natural ids in sorted order, sizes equal to the rows of each id
+        column = {"femnist": "writer_id", "shakespeare": "character_id"}.get(name, "client_id")
+        ids = sorted(set(train[column]))
+        assert data.meta["natural_ids"] == ids
+        assert list(np.diff(data.offsets)) == [train[column].count(i) for i in ids]
+    model = build_model(TASK_MODELS[name], data.num_classes)
+    examples = data.client(1)
+    cfg = TrainConfig(algorithm="localupdate", client_lr=0.1, theta="fedavg", local_steps=2, batch_size=4)
+    result = train_examples(model, examples, cfg)
+    assert result.metrics["num-examples"] == len(examples) and result.metrics["nonfinite"] == 0
+    assert all(torch.isfinite(v).all() for v in result.arrays.values())
+    assert any(float(v.abs().sum()) > 0 for v in result.arrays.values())  # q carries gradients
+    loss, acc, n = evaluate_examples(model, data.split("train"))
+    assert np.isfinite(loss) and 0 <= acc <= 1 and n == data.meta["num_rows"]["train"]
+    again = load_task(name, str(root), str(tmp_path / "cache"))  # cache hit: same arrays, memory-mapped
+    assert again.cache_path == data.cache_path
+    assert all(isinstance(a, np.memmap) for a in again.arrays["train"].values())
+
+
+def test_client_rows_match_the_flwr_datasets_partition(tmp_path):
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    source = make_shakespeare(num_clients=5)
+    data = load_task("shakespeare", str(write(source, tmp_path / "copy")), str(tmp_path / "cache"))
+    partitioner = NaturalIdPartitioner(partition_by="character_id")
+    partitioner.dataset = source["train"]
+    for p in range(5):
+        part = partitioner.load_partition(p)
+        x = data.client(p).x
+        assert len(x) == len(part) and "".join(
+            "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"[i] for i in x[0]
+        ) == part[0]["x"]
+
+
+def test_pachinko_split_is_seeded_and_disjoint():
+    rng = np.random.default_rng(0)
+    fine = rng.integers(0, 100, 3000)
+    parts = pachinko_split(fine, fine // 5, 30, 100, seed=3)
+    assert parts == parts and len(np.unique(np.concatenate(parts))) == 3000
+    again = pachinko_split(fine, fine // 5, 30, 100, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def _cfg(name, root, cache, **extra):
+    cfg = {"num_rounds": 1, "num_clients": "all", "seed": 0, "eval_every": 1, "checkpoint_every": 1,
+           "eval_max_examples": 0, "strategy": {"name": "localupdate", "server_lr": 0.01, "client_lr": 0.01,
+                                                 "theta": "fedavg"},
+           "model": {"name": TASK_MODELS[name]}, "participation": {"mode": "uniform", "clients_per_round": 2},
+           "client": {"batch_size": 4, "local_epochs": 1, "local_steps": 2},
+           "data": {"name": name, "root": str(root) if root else None, "cache_dir": str(cache), "download": False}}
+    cfg.update(extra)
+    return cfg
+
+
+def test_validate_resolves_all_clients_and_fraction(tmp_path):
+    root = write(make_femnist(num_clients=5), tmp_path / "copy")
+    cfg = validate(_cfg("femnist", root, tmp_path / "cache"))
+    assert cfg["num_clients"] == 5 and cfg["participation"]["fraction"] == pytest.approx(0.4)
+    assert cfg["trust"]["max_num_examples"] == max(np.diff(load_task("femnist", str(root),
+                                                                     str(tmp_path / "cache")).offsets))
+
+
+def _broken(kind, tmp_path):
+    dd = make_femnist()
+    if kind == "missing column":
+        dd["train"] = dd["train"].remove_columns("writer_id")
+    elif kind == "label out of range":
+        dd["train"] = dd["train"].cast_column("character", __import__("datasets").Value("int64")).map(
+            lambda r: {"character": 70})
+    elif kind == "image size":
+        dd = make_femnist(size=20)
+    return write(dd, tmp_path / "bad")
+
+
+@pytest.mark.parametrize("kind, words", [("missing column", "lacks column 'writer_id'"),
+                                         ("label out of range", "column 'character': label 70 outside [0, 62)"),
+                                         ("image size", "column 'image': image of shape (20, 20)")])
+def test_bad_local_copy_is_one_config_error(kind, words, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        validate(_cfg("femnist", _broken(kind, tmp_path), tmp_path / "cache"))
+    assert str(err.value).startswith("'data.root': ") and words in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("change, key", [({"data": {"name": "mnist_natural"}}, "'data.name'"),
+                                         ({"model": {"name": "cnn"}}, "'model.name'"),
+                                         ({"num_clients": 99}, "'num_clients'")])
+def test_bad_config_names_the_key(change, key, tmp_path):
+    root = write(make_femnist(num_clients=3), tmp_path / "copy")
+    cfg = _cfg("femnist", root, tmp_path / "cache")
+    for k, v in change.items():
+        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v
+    with pytest.raises(ConfigError, match=key):
+        validate(cfg)
+
+
+def test_missing_root_and_no_download(tmp_path):
+    with pytest.raises(ConfigError, match=r"^'data.root': no local copy of femnist at"):
+        validate(_cfg("femnist", tmp_path / "nowhere", tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"^'data.download': no data.root for femnist and data.download is false"):
+        validate(_cfg("femnist", None, tmp_path / "cache"))
+    with pytest.raises(ConfigError, match="stackoverflow_tp has no published copy"):
+        validate(_cfg("stackoverflow_tp", None, tmp_path / "cache"))
+
+
+def test_cifar100_copy_without_enough_rows_for_a_client(tmp_path):
+    with pytest.raises(DataSourceError):
+        load_task("cifar100", str(write(make_cifar100(num_rows=60, test_rows=5), tmp_path / "c")),
+                  str(tmp_path / "cache"))

@@ -1,0 +1,46 @@
+"""Seed 001's task presets through the real ``flower-simulation`` (Ray) on generated data in the hub schema,
+and a download that fails offline: exit 2, one line naming the key, before Ray."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from natural_datagen import MAKERS, write
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("task, metric", [("femnist", "pop_loss"), ("stackoverflow_tp", "loss_before")])
+def test_seed001_preset_runs(task, metric, tmp_path):
+    root = write(MAKERS[task](num_clients=4), tmp_path / "copy")
+    run_dir = tmp_path / "run"
+    proc = run_cli("flower-simulation", [f"+experiment=seed001_{task}", f"data.root={root}",
+                                         f"data.cache_dir={tmp_path / 'cache'}", "num_rounds=2",
+                                         "participation.clients_per_round=2", "client.local_steps=2",
+                                         "client.torch_threads=1", "eval_every=1", f"hydra.run.dir={run_dir}"],
+                   timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    assert [r["round"] for r in rows] == ["0", "1", "2"]
+    assert all(float(r[metric]) > 0 for r in rows[1:]) and all(r["num_replies"] == "2" for r in rows[1:])
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["num_clients"] == 4 and config["participation"]["fraction"] == 0.5
+    assert (run_dir / "partition.csv").read_text().count("\n") == 5
+
+
+def test_offline_download_is_one_line_before_ray(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "RAY_TMPDIR": str(tmp_path / "ray")}
+    args = ["data=femnist", "model=femnist_cnn", "num_clients=all", f"data.cache_dir={tmp_path / 'cache'}",
+            f"hydra.run.dir={tmp_path / 'r'}"]
+    proc = subprocess.run([str(Path(sys.executable).parent / "flower-simulation"), *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(lines) == 1 and "'data.download': could not download 'flwrlabs/femnist'" in lines[0], lines
+    assert not (tmp_path / "ray").exists() or not any((tmp_path / "ray").rglob("session_*"))
