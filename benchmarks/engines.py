@@ -5,9 +5,10 @@ Setting: CIFAR-10, 100 one-class clients (alpha = 0), cyclic C = 0.1 (10 clients
 augmentation, the papers' setting). Each engine runs ``flower-simulation`` as a user would (evaluation and
 checkpoints only after the last round, so rounds are the clients' work plus the engine); seconds per round are
 the median of ``metrics.jsonl``'s ``seconds`` over rounds 2..R (round 1 warms up). The compute floor is the fastest
-plain loop over the same clients with no FL around it, in this process: ``client.train.local_train`` one client
-after another (1 and all torch threads), and for stackable models ``client.stacked.stacked_local_train`` of the
-round's clients at once; the best of those is the floor.
+plain loop over the same clients with no FL around it: ``client.train.local_train`` one client after another in
+this process (1 and all torch threads), the same in one process per core (1 thread each, clients spread over
+them), and for the linear model ``client.stacked.stacked_local_train`` of the round's clients at once; the best of
+those is the floor.
 
     python benchmarks/engines.py --data ../shared/data/cifar10-jpeg.tar.gz            # all three models
     python benchmarks/engines.py --models logreg --rounds-logreg 300 --json out.json
@@ -92,10 +93,48 @@ def floor_seconds(model: str, rounds: int, data: Path, cache: Path) -> dict[str,
             times.append(time.perf_counter() - t0)
         return statistics.median(times[1:])
 
-    out = {"loop, 1 thread": one_by_one(1), f"loop, {os.cpu_count()} threads": one_by_one(os.cpu_count() or 1)}
+    def processes(count: int) -> float:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        initial = {k: v.numpy() for k, v in state.items()}
+        with ProcessPoolExecutor(count, mp_context=get_context("spawn")) as pool:
+            times = []
+            for rnd in range(1, rounds + 1):
+                t0 = time.perf_counter()
+                jobs = [pool.submit(_plain_client, model, str(data), str(cache), pid, rnd, initial)
+                        for pid in schedule.clients_for_round(rnd)]
+                [job.result() for job in jobs]
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+
+    cores = os.cpu_count() or 1
+    out = {"loop, 1 thread": one_by_one(1), f"loop, {cores} threads": one_by_one(cores)}
+    if cores > 1:
+        out[f"{cores} processes, 1 thread each"] = processes(cores)
     if model == "logreg" and can_stack(net):
         out["stacked (vmap)"] = stacked()
     return out
+
+
+def _plain_client(model: str, data: str, cache: str, pid: int, rnd: int, initial: dict) -> float:
+    """One client's plain local training in a worker process (1 torch thread); returns its seconds."""
+    from client.app import get_dataset, get_partition
+    from client.config import resolve
+    from client.models import build_model
+    from client.train import TrainConfig, local_train
+
+    torch.set_num_threads(1)
+    cfg = resolve({"model": model, "dataset": "cifar10_folder", "data-root": data, "cache-dir": cache,
+                   "num-partitions": NUM_CLIENTS, "alpha": 0.0, "partition-seed": SEED})
+    ds, idx = get_dataset(cfg), get_partition(cfg)[pid]
+    net = build_model(model)
+    net.load_state_dict({k: torch.as_tensor(v) for k, v in initial.items()})
+    tc = TrainConfig(algorithm="fedavgm", client_lr=LR[model][1], batch_size=BATCH, augment=model != "logreg",
+                     seed=SEED, server_round=rnd, partition_id=pid)
+    t0 = time.perf_counter()
+    local_train(net, ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, tc, device=torch.device("cpu"))
+    return time.perf_counter() - t0
 
 
 def main() -> None:

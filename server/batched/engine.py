@@ -27,6 +27,7 @@ from server.run import build, quiet
 from server.run.app import run_experiment
 
 MEMORY_FRACTION = 0.25  # of the free memory that auto chunks may take
+STACKED_CPU_THREADS = 1  # stacked steps on CPU are many small ops: one thread (docs/benchmarks.md "Engines")
 COPIES_PER_PARAMETER = 8  # stacked params, grads, step temporaries, FedCM/GHBM term, q, outputs
 
 
@@ -95,12 +96,13 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run a validated ``cfg`` on the batched engine; returns the run summary."""
     quiet.install()
     build.prepare_data(cfg)
-    threads = int(cfg["client"].get("torch_threads", 0))
-    if threads:
-        torch.set_num_threads(threads)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     grid = make_grid(cfg)
-    if grid.stacks(build_model(cfg["model"]["name"])):
+    stacked = grid.stacks(build_model(cfg["model"]["name"]))
+    threads = int(cfg["client"].get("torch_threads", 0)) or (STACKED_CPU_THREADS if stacked else 0)
+    if threads and grid.device.type == "cpu":
+        torch.set_num_threads(threads)
+    if stacked:
         how = f"stacked clients (vmap), chunks of at most {grid.chunk_size}"
     else:
         how = "one client after another" + (f" in {grid.workers.size} worker processes" if grid.workers else "")
