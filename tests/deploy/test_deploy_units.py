@@ -65,11 +65,6 @@ def test_deploy_config_is_validated(tmp_path, deploy_data, extra, message):
         validate_deploy(cfg)
 
 
-def test_negative_torch_threads_is_refused(tmp_path, deploy_data):
-    with pytest.raises(config_lib.ConfigError, match="client.torch_threads"):
-        config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", "client.torch_threads=-1")))
-
-
 @pytest.mark.parametrize("extra, concurrent", [
     (["num_clients=4", "participation.fraction=1.0"], 4),  # the setting: every node trains at once
     (["num_clients=4", "participation.fraction=0.25"], 1),  # one node per round: it may use every core
