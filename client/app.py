@@ -20,6 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from client import config as C
+from client import threads
 from client.data import Dataset, load_dataset
 from client.datasets import NATURAL_DATASETS, NaturalData, load_task
 from client.examples import Examples, ImageExamples
@@ -93,8 +94,7 @@ def _to_named_arrays(arrays: Arrays) -> Mapping[str, Any] | list[Any]:
 
 def _prepare(config: Mapping[str, Any], partition_id: int, node_config: Mapping[str, Any] | None):
     cfg = C.resolve(config, node_config)
-    if cfg[C.TORCH_THREADS] and torch.get_num_threads() != int(cfg[C.TORCH_THREADS]):
-        torch.set_num_threads(int(cfg[C.TORCH_THREADS]))
+    threads.apply(cfg, node_config)  # client.torch_threads, else the node's share (client/threads.py)
     if not 0 <= int(partition_id) < int(cfg[C.NUM_PARTITIONS]):
         raise ValueError(f"partition-id {partition_id} outside [0, {cfg[C.NUM_PARTITIONS]})")
     ds = get_data(cfg)

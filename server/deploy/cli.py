@@ -25,9 +25,11 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from client import threads
 from server.deploy.federation import LOOPBACK, DeployError, Federation, FederationOptions, RunResult
 from server.run import config as config_lib
 from server.run import procs
+from strategies.participation import CyclicSchedule, make_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
@@ -43,6 +45,31 @@ def options(deploy: dict[str, Any], num_clients: int | None = None) -> Federatio
     kwargs["cert_hosts"] = [str(h) for h in kwargs.get("cert_hosts", [])]
     kwargs["database"] = state_in_file(deploy, num_clients)
     return FederationOptions(**kwargs)
+
+
+def node_threads(cfg: dict[str, Any]) -> int:
+    """``node_config`` torch-threads of the SuperNodes spawned here (0: none given, torch's default).
+
+    ``deploy.node_threads``: an integer as given; ``auto`` = each node's share of this host's cores,
+    max(1, cores // spawned nodes that train in the same round) (:func:`client.threads.local_share`; issue 16
+    item 7: 4 nodes with torch's default ran 8 busy threads on 2 cores). ``client.torch_threads`` > 0 overrides it.
+    """
+    value = cfg["deploy"].get("node_threads", "auto")
+    if value != "auto":
+        return int(value)
+    return threads.local_share(threads.usable_cores(), concurrent_local_nodes(cfg))
+
+
+def concurrent_local_nodes(cfg: dict[str, Any]) -> int:
+    """Most spawned SuperNodes (partitions 0..k-1) one round selects: the largest share of a cyclic group among
+    them, or min(k, C*N) under uniform sampling (the config is validated, so the schedule builds)."""
+    spawned = int(cfg["deploy"].get("spawn_supernodes", 0) or 0)
+    p = cfg["participation"]
+    schedule = make_schedule(p["mode"], int(cfg["num_clients"]), float(p["fraction"]), int(cfg["seed"]),
+                             p.get("groups"))
+    if isinstance(schedule, CyclicSchedule):
+        return max(sum(1 for c in group if c < spawned) for group in schedule.groups)
+    return min(spawned, schedule.size)
 
 
 def state_in_file(deploy: dict[str, Any], num_clients: int | None) -> bool:
@@ -80,6 +107,10 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     poll = d.get("poll_interval", 0.5)
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll <= 3:
         raise config_lib.ConfigError(f"'deploy.poll_interval' must be in (0, 3] seconds, got {poll!r}")
+    threads_value = d.get("node_threads", "auto")
+    if threads_value != "auto" and (isinstance(threads_value, bool) or not isinstance(threads_value, int)
+                                    or threads_value < 0):
+        raise config_lib.ConfigError(f"'deploy.node_threads' must be auto or an integer >= 0, got {threads_value!r}")
     if d.get("database", "auto") not in (True, False, "auto"):
         raise config_lib.ConfigError(f"'deploy.database' must be true, false or auto, got {d['database']!r}")
     for key in ("fast", "bind_partitions"):
@@ -102,7 +133,9 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
     run_dir = Path(cfg["run_dir"]).resolve()
     cfg["run_dir"] = str(run_dir)
     app_dir = Path(d.get("app_dir") or ROOT)
-    fed = Federation(run_dir / "deploy", app_dir, options(d, int(cfg["num_clients"])))
+    opts = options(d, int(cfg["num_clients"]))
+    opts.torch_threads = node_threads(cfg)  # what each SuperNode spawned here is told
+    fed = Federation(run_dir / "deploy", app_dir, opts)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     result: RunResult | None = None
     try:

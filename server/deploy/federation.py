@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from client import threads
 from server.deploy import flwr_fast, tls
 from server.run import procs
 
@@ -65,6 +66,7 @@ class FederationOptions:
     fast: bool = True  # short polling + warm ClientApp workers (server.deploy.flwr_fast); False = stock Flower
     poll_interval: float = 0.5  # seconds between a SuperNode's idle pulls with ``fast`` (Flower: 3)
     supernode_max_wait: float = 60.0  # SuperNodes exit after this many seconds without reaching the SuperLink
+    torch_threads: int = 0  # node_config torch-threads of spawned SuperNodes (client/threads.py); 0 = not given
 
 
 @dataclass
@@ -214,6 +216,8 @@ class Federation:
         node_config = f"partition-id={partition_id} num-partitions={num_partitions}"
         if data_root:
             node_config += f' data-root="{data_root}"'
+        if self.options.torch_threads:
+            node_config += f" {threads.NODE_KEY}={int(self.options.torch_threads)}"
         for key, value in self.extra_node_config.get(partition_id, {}).items():
             node_config += f' {key}="{value}"'
         security = ["--root-certificates", self.ca_cert] if self.ca_cert else ["--insecure"]

@@ -121,6 +121,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _check("client.weight_decay", fm.check_lr, c.get("weight_decay", 0.0), "weight_decay")
     if "loss_before_batches" in c:
         _positive_int(cfg, "client.loss_before_batches", -1)
+    if "torch_threads" in c:
+        _positive_int(cfg, "client.torch_threads", 0)
     _validate_trust(cfg)
     if not natural:
         _validate_data(cfg, check_paths)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from deploy_helpers import BIN, ENV, ROOT, LineReader, assert_same_model, flower_processes, overrides, rows, run_cli
 
+from client.threads import local_share, usable_cores
+
 pytestmark = pytest.mark.e2e
 
 
@@ -31,8 +33,25 @@ def test_four_supernodes_two_rounds(reference_deploy):
     for i in range(4):  # each SuperNode owned one partition through its node config
         log = (run_dir / "deploy" / "logs" / f"supernode-{i}.log").read_text()
         assert f"partition-id={i} num-partitions=4" in log
+        assert "ClientApp torch threads: 1 (client.torch_threads; node default" in log  # the config overrides
     superlink_log = (run_dir / "deploy" / "logs" / "superlink.log").read_text()
     assert "Fleet API (gRPC-rere) on 127.0.0.1:" in superlink_log
+
+
+def test_local_supernodes_share_the_cores(deploy_data, tmp_path):
+    """Default ``client.torch_threads=0``: every ClientApp of the 4 SuperNodes (all training in one round) runs
+    max(1, cores // 4) torch threads, told by flower-deploy (node_config) and reported by the ClientApp itself."""
+    run_dir = tmp_path / "run"
+    extra = ("client.torch_threads=0", "participation.fraction=1.0", "num_rounds=1")
+    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, *extra), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    share = local_share(usable_cores(), 4)
+    for i in range(4):
+        log = (run_dir / "deploy" / "logs" / f"supernode-{i}.log").read_text()
+        assert f"partition-id={i} num-partitions=4 torch-threads={share}" in log
+        used = re.findall(r"ClientApp torch threads: (\d+) \(([^;]+);", log)
+        assert used == [(str(share), "node_config torch-threads")], log[-3000:]  # one train message, its share
+    assert not flower_processes(run_dir / "deploy" / "flwr_home")
 
 
 def test_same_global_model_as_simulation(reference_deploy, deploy_data, tmp_path):

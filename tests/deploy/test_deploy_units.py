@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 from deploy_helpers import ROOT, compose, overrides
 
-from server.deploy.cli import state_in_file, validate_deploy
+from server.deploy.cli import concurrent_local_nodes, node_threads, state_in_file, validate_deploy
 from server.deploy.tls import make_node_key, make_tls
 from server.run import config as config_lib
 
@@ -57,11 +57,32 @@ def test_fab_is_small_and_holds_the_apps():
     (["deploy.root_certificates=/nonexistent/ca.crt"], "root_certificates"),
     (["deploy.fleet_port=-1"], "fleet_port"),
     (["deploy.database=sometimes"], "deploy.database"),
+    (["deploy.node_threads=-1"], "deploy.node_threads"),
+    (["deploy.node_threads=many"], "deploy.node_threads"),
 ])
 def test_deploy_config_is_validated(tmp_path, deploy_data, extra, message):
     cfg = config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", *extra)))  # data.root is checked
     with pytest.raises(config_lib.ConfigError, match=message):
         validate_deploy(cfg)
+
+
+@pytest.mark.parametrize("extra, concurrent", [
+    (["num_clients=4", "participation.fraction=1.0"], 4),  # the issue's setting: every node trains at once
+    (["num_clients=4", "participation.fraction=0.25"], 1),  # one node per round: it may use every core
+    (["num_clients=8", "participation.fraction=0.5", "deploy.spawn_supernodes=2"], 2),  # 2 local of 4 per round
+    (["num_clients=4", "participation.groups=[[0,1,2],[3]]"], 3),  # explicit cyclic groups: the largest
+    (["participation=uniform", "num_clients=10", "participation.fraction=0.2"], 2),
+    (["participation=uniform", "num_clients=10", "participation.fraction=0.5", "deploy.spawn_supernodes=3"], 3),
+])
+def test_concurrent_local_nodes(tmp_path, extra, concurrent):
+    """Spawned SuperNodes a round selects at most; ``auto`` gives each max(1, cores // that)."""
+    from client.threads import local_share, usable_cores
+
+    cfg = compose([f"run_dir={tmp_path}", "data.root=x", *extra])
+    assert concurrent_local_nodes(cfg) == concurrent
+    assert node_threads(cfg) == local_share(usable_cores(), concurrent)
+    for value in (0, 3):  # an explicit count is passed on as it is (0: no node_config key, torch's default)
+        assert node_threads({**cfg, "deploy": {**cfg["deploy"], "node_threads": value}}) == value
 
 
 @pytest.mark.parametrize("deploy, in_file", [

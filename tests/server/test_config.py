@@ -60,6 +60,7 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["data=cifar10", "data.download=false", "data.root=/nonexistent"], "data.root"),
         (["strategy.server_lr_schedule=cosine"], "server_lr_schedule"),
         (["client.loss_before_batches=-2"], "client.loss_before_batches"),
+        (["client.torch_threads=-1"], "client.torch_threads"),
         (["backend.address=somewhere"], "backend.address"),
         (["backend.address=auto", "backend.init_num_cpus=2"], "backend.init_num_cpus"),
         (["num_clients=200", "participation.fraction=0.5"], "num_clients"),
