@@ -198,21 +198,24 @@ class _Chunk:
     def step(self, active: list[int], batches: list[np.ndarray], step_index: int) -> torch.Tensor:
         """One local step of the ``active`` clients on their index ``batches``; returns their batch losses."""
         width = max(len(b) for b in batches)
-        xs, ys, masks = [], [], []
-        for i, b in zip(active, batches):
-            x = self.batch(i, b, self.cfg.augment)
-            pad = width - len(b)
-            idx = torch.from_numpy(b).to(self.device)
-            y = self.y[i][idx]
-            if pad:
-                x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])])
-                y = torch.cat([y, y[:1].expand(pad)])
-            xs.append(x)
-            ys.append(y)
-            masks.append(torch.arange(width, device=self.device) < len(b))
+        shape = self.plain[active[0]].shape[1:]
+        xs = torch.empty((len(active), width, *shape), dtype=self.plain[active[0]].dtype, device=self.device)
+        ys = torch.empty((len(active), width), dtype=torch.long, device=self.device)
+        masks = torch.arange(width, device=self.device)[None, :] < torch.tensor([[len(b)] for b in batches],
+                                                                                  device=self.device)
+        for j, (i, b) in enumerate(zip(active, batches)):  # a smaller batch is padded with copies of its first row
+            padded = torch.from_numpy(np.concatenate([b, np.full(width - len(b), b[0])]) if len(b) < width else b)
+            padded = padded.to(self.device)
+            if self.cfg.augment:
+                x = self.batch(i, b, True)
+                xs[j, :len(b)] = x
+                xs[j, len(b):] = x[:1]
+            else:
+                torch.index_select(self.plain[i], 0, padded, out=xs[j])
+            torch.index_select(self.y[i], 0, padded, out=ys[j])
         rows = torch.tensor(active, device=self.device)
         params = {k: v[rows] for k, v in self.params.items()}
-        grads, losses = vmap(grad_and_value(self._loss))(params, torch.stack(xs), torch.stack(ys), torch.stack(masks))
+        grads, losses = vmap(grad_and_value(self._loss))(params, xs, ys, masks)
         finite = torch.isfinite(losses)
         with torch.no_grad():
             self._update(rows, params, grads, finite, step_index)
