@@ -79,7 +79,10 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     from client.app import app as client_app
+    from server import ray_gil
     from server.app import make_server_app
+
+    ray_gil.install()  # a signal during ray.init must not leave the GIL held for 30 s (server/ray_gil.py)
 
     result: dict[str, Any] = {}
     run_simulation(
