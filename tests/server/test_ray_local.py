@@ -44,6 +44,7 @@ def _run(args, ray_tmp, timeout=300, **env):
                           timeout=timeout, env=ray_env(ray_tmp, **env))
 
 
+@pytest.mark.smoke  # the end-to-end simulation of `make test-fast`
 def test_default_starts_a_fresh_local_ray_whatever_the_environment_says(tiny_data, tmp_path, ray_tmp):
     stale = _stale_cluster_file(ray_tmp)
     proc = _run(sim_args(tiny_data, tmp_path / "run"), ray_tmp, RAY_ADDRESS=stale)
