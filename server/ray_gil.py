@@ -2,11 +2,11 @@
 
 ``ray.init`` starting a local Ray (and a node joining a head) calls ``ray._raylet.wait_for_persisted_port``, a
 Cython function that runs the C++ ``ray::WaitForPersistedPort`` (look for the GCS's port file in the session dir
-every 100 ms, for up to 30 s) *without releasing the GIL*. Should the GCS die before it writes that file (a
-terminal's Ctrl-C reaches the whole process group, and the GCS exits on SIGINT), the driver's main thread holds
-the GIL for the full 30 s and no other Python thread runs: not the watcher thread of :mod:`server.stop`, which
-then cannot exit, so the signal guard ended the run by force ("forced", exit -9) in about 1 of 10 start-up
-signals. A ``py-spy dump`` of such a run shows the main thread in ``ray::WaitForFile`` under
+every 100 ms, for up to 30 s) *without releasing the GIL*. Should the GCS die before it writes that file (the
+sweep of :mod:`server.stop`'s watcher kills it when the signal came while the GCS was starting; a terminal's
+Ctrl-C reaches it too), the driver's main thread holds the GIL for the full 30 s and no other Python thread runs:
+not the watcher thread, which then cannot exit, so the signal guard ended the run by force ("forced", exit -9)
+in about 1 of 10 start-up signals. A ``py-spy dump`` of such a run shows the main thread in ``ray::WaitForFile`` under
 ``Node.start_gcs_server`` and every other thread waiting for the GIL.
 
 :func:`install` replaces the function in ``ray._private.node`` (its only caller) by a Python loop that waits for
