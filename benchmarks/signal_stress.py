@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "server")]
+sys.path[:0] = [str(ROOT / "tests" / "server"), str(ROOT / "tests")]
 
 from conftest import sim_args  # noqa: E402
 from datagen import make_image_folder  # noqa: E402
