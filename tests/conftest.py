@@ -17,6 +17,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 SHARED_SESSION_FIXTURES = ("reference_deploy",)  # session fixtures too costly to build once per xdist worker
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test that uses a module-scoped fixture (a multirun, a cluster, one run_simulation shared by
     the module) or a costly session fixture with an ``xdist_group``: under ``--dist loadgroup`` the group runs
