@@ -5,8 +5,10 @@ BIN    := $(VENV)/bin
 DATA   ?=
 SHARED_DATA ?= $(abspath ../shared/data/cifar10-jpeg.tar.gz)
 ARGS   ?=
+# pytest-xdist workers of `make test` / `make test-fast` (tests sharing a costly fixture stay on one worker)
+JOBS   ?= 2
 
-.PHONY: setup run test theory bench clean
+.PHONY: setup run test test-fast theory bench clean
 
 setup: $(VENV)/.installed
 
@@ -22,9 +24,15 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(BIN)/flower-simulation $$($(BIN)/python -m server.run.data_choice --data "$(DATA)" --shared "$(SHARED_DATA)" -- $(ARGS)) $(ARGS)
 
+# Everything (what CI runs): ruff, then every test, JOBS at a time (tests/conftest.py groups shared fixtures).
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup $(ARGS)
+
+# The edit-test loop (<= 3 min): unit, math, theory and validation tests plus one end-to-end simulation.
+test-fast: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not e2e or smoke" $(ARGS)
 
 theory: setup
 	$(BIN)/flower-theory all --out outputs/theory

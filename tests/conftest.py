@@ -1,7 +1,10 @@
-"""Shared test setup: make tests/ importable (toy ClientApps must live in importable modules)."""
+"""Shared test setup: make tests/ importable (toy ClientApps must live in importable modules), and keep the
+tests that share a costly fixture on one pytest-xdist worker (``make test`` runs ``-n 2 --dist loadgroup``)."""
 
 import os
 import sys
+
+import pytest
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
@@ -10,3 +13,30 @@ if TESTS_DIR not in sys.path:
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+SHARED_SESSION_FIXTURES = ("reference_deploy",)  # session fixtures too costly to build once per xdist worker
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test that uses a module-scoped fixture (a multirun, a cluster, one run_simulation shared by
+    the module) or a costly session fixture with an ``xdist_group``: under ``--dist loadgroup`` the group runs
+    on one worker, so the fixture is built once, as in a serial run. Other tests are spread one by one."""
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The group of ``item``: the costly session fixture it uses, else its module when it uses a module-scoped
+    fixture, else None."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for name in SHARED_SESSION_FIXTURES:
+        if name in info.names_closure:
+            return name
+    if any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
+        return item.nodeid.split("::")[0]
+    return None

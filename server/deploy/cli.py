@@ -136,7 +136,8 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
     opts = options(d, int(cfg["num_clients"]))
     opts.torch_threads = node_threads(cfg)  # what each SuperNode spawned here is told
     fed = Federation(run_dir / "deploy", app_dir, opts)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too: a shell starts a background job with SIGINT ignored, and Python then installs no handler
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     result: RunResult | None = None
     try:
         if fed.spawn:
@@ -164,7 +165,8 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
                 fed.stop_run(run_id)
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         left = fed.stop()
         if left:
             on_line(f"flower-deploy: WARNING processes still alive after stop: {left}")

@@ -73,7 +73,10 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     from client.app import app as client_app
+    from server.ray import gil as ray_gil
     from server.run.app import make_server_app
+
+    ray_gil.install()  # a signal during ray.init must not leave the GIL held for 30 s (server/ray/gil.py)
 
     result: dict[str, Any] = {}
     run_simulation(

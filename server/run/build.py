@@ -117,7 +117,7 @@ def client_partitions(cfg: Mapping[str, Any], ds: Dataset) -> list[np.ndarray]:
 
 def train_size(ds: Dataset | NaturalData) -> int | None:
     """Training examples of a CIFAR-10 split (for trust.max_num_examples=auto); None for a natural task,
-    whose cap :func:`server.config.validate` sets to its largest selected client."""
+    whose cap :func:`server.run.config.validate` sets to its largest selected client."""
     return None if isinstance(ds, NaturalData) else len(ds.y_train)
 
 

@@ -3,8 +3,9 @@
 Inside a process, every way of acting on a signal needs the GIL: the signal module's C handler only writes a byte
 to the wakeup fd, and the thread that reads it (or a timer meant to end the process) runs only when it gets the
 GIL. A main thread blocked in C code that holds the GIL (a native library waiting on a socket, say) therefore
-freezes every in-process remedy, and a SIGTERM sent while Ray starts was seen, rarely, to leave the run alive
-for 30 s. This guard runs in its own process and reads the wakeup fd itself:
+freezes every in-process remedy (Ray's start-up wait for the GCS port did so for 30 s whenever the GCS died
+first, e.g. of a Ctrl-C; :mod:`server.ray.gil` removes that cause). This guard runs in its own process and reads
+the wakeup fd itself:
 
 - on SIGINT/SIGTERM it notes the run's process tree and tells the watcher thread of the run (one byte on the
   notify pipe); the run then prints its line, sweeps its tree once and exits with ``128 + signal`` as usual, and

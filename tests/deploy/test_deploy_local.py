@@ -75,8 +75,11 @@ def test_same_global_model_as_simulation(reference_deploy, deploy_data, tmp_path
 def test_ctrl_c_stops_every_process(deploy_data, tmp_path):
     """SIGINT during a run: exit code 130 and no SuperLink/SuperNode/SuperExec/ClientApp process left."""
     run_dir = tmp_path / "run"
+    # started as a shell starts a background job (SIGINT ignored, so Python installs no handler of its own): the
+    # run must end anyway, and the test does not depend on how pytest itself was started
     popen = subprocess.Popen([str(BIN / "flower-deploy"), *overrides(deploy_data, run_dir)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+                             stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     reader = LineReader(popen)
     try:
         assert reader.wait_for("[round 0/2]", timeout=90), reader.text()[-3000:]

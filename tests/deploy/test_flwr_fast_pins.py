@@ -7,7 +7,6 @@ import functools
 import hashlib
 import importlib
 import inspect
-import time
 
 import flwr
 import pytest
@@ -96,6 +95,20 @@ def test_supernode_cli_flags():
     assert (args.isolation, args.max_wait_time, args.superexec_auth_secret_file) == ("process", 5.0, "s")
 
 
+class FakeClock:
+    """``time`` for flwr_fast: sleeping only advances ``monotonic()`` and records the duration."""
+
+    def __init__(self) -> None:
+        self.now, self.slept = 1000.0, []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def monotonic(self) -> float:
+        return self.now
+
+
 def test_patches_apply_and_are_idempotent(monkeypatch):
     module = importlib.import_module(flwr_fast.SUPERNODE_LOOP)
     for mod_name, attr in [(flwr_fast.SUPERNODE_LOOP, "time"), (flwr_fast.SUPERNODE_LOOP, "_pull_and_store_message"),
@@ -104,10 +117,11 @@ def test_patches_apply_and_are_idempotent(monkeypatch):
         monkeypatch.setattr(mod, attr, getattr(mod, attr))  # restored after the test
     flwr_fast.patch_supernode_loop(0.01)
     flwr_fast.patch_supernode_loop(0.01)
-    t0 = time.monotonic()
+    clock = FakeClock()
+    monkeypatch.setattr(flwr_fast, "time", clock)  # the sleeps asked for, not how long a loaded machine took
     module.time.sleep(3)  # the idle wait: capped at the poll interval
     module.time.sleep(0.5)  # a wait on local state: capped at LOCAL_WAIT
-    assert time.monotonic() - t0 < 1.0 and module.time.monotonic() > 0
+    assert clock.slept == [0.01, flwr_fast.LOCAL_WAIT] and module.time.monotonic() > 0
     flwr_fast.patch_object_pulls()
     flwr_fast.patch_object_pulls()
     for mod_name, attr in flwr_fast.OBJECT_PULLS:
@@ -142,12 +156,14 @@ def test_fleet_run_status_cache(monkeypatch):
     assert isinstance(module.check_abort, flwr_fast.RunStatusCache)
     assert not isinstance(module.check_abort.check_abort, flwr_fast.RunStatusCache)
 
+    clock = FakeClock()
+    monkeypatch.setattr(flwr_fast, "time", clock)  # the ttl in clock time: no chance on a loaded machine
     answers, calls = {1: None, 2: "Run is finished."}, []
     cache = flwr_fast.RunStatusCache(lambda run_id, statuses, state: calls.append(run_id) or answers[run_id], 0.2)
     state = object()
     assert [cache(1, ["x"], state) for _ in range(3)] == [None] * 3 and calls == [1]
     assert [cache(2, ["x"], state) for _ in range(2)] == ["Run is finished."] * 2 and calls == [1, 2, 2]
-    time.sleep(0.25)
+    clock.sleep(0.25)  # past the ttl
     answers[1] = "Run is finished."
     assert cache(1, ["x"], state) == "Run is finished." and cache(1, ["x"], state) == "Run is finished."
     assert calls == [1, 2, 2, 1, 1]

@@ -58,6 +58,7 @@ def test_broken_replies_are_rejected_and_counted(tiny_data, tmp_path, strategy):
     assert "wrong shape" in log or "shape" in log
 
 
+@pytest.mark.e2e
 def test_killed_and_resumed_batched_run_is_bitwise_the_same(tiny_data, tmp_path):
     """FedHBM on logistic regression: stacked clients, client state on disk, strategy state in the checkpoint."""
     full_and_resumed(tiny_data, tmp_path, ["engine=batched", "model=logreg", "strategy=fedhbm", "num_rounds=40"])
@@ -78,6 +79,7 @@ def test_bad_engine_settings_exit_2_before_any_work(tiny_data, tmp_path, overrid
     assert not (tmp_path / "run" / "metrics.csv").exists()
 
 
+@pytest.mark.e2e
 def test_batched_cli_run_writes_the_usual_run_dir(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "engine=batched", "progress_every=0.001"))

@@ -44,6 +44,7 @@ def _run(args, ray_tmp, timeout=300, **env):
                           timeout=timeout, env=ray_env(ray_tmp, **env))
 
 
+@pytest.mark.smoke  # the end-to-end simulation of `make test-fast`
 def test_default_starts_a_fresh_local_ray_whatever_the_environment_says(tiny_data, tmp_path, ray_tmp):
     stale = _stale_cluster_file(ray_tmp)
     proc = _run(sim_args(tiny_data, tmp_path / "run"), ray_tmp, RAY_ADDRESS=stale)
@@ -101,7 +102,6 @@ def test_signal_ends_the_run_in_any_phase(eval_data, tmp_path, ray_tmp, phase, s
         while not phase(ray_tmp, run_dir) and proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         assert phase(ray_tmp, run_dir), f"never reached {phase.__name__}"
-        sent = time.time()
         if sig == signal.SIGINT:
             os.killpg(proc.pid, sig)  # a terminal's Ctrl-C reaches the whole foreground group
         else:
@@ -111,8 +111,10 @@ def test_signal_ends_the_run_in_any_phase(eval_data, tmp_path, ray_tmp, phase, s
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert time.time() - sent < 15
+    # the run's own exit, before the guard's grace (GUARD_GRACE s by the guard's clock: no bound of ours to miss
+    # on a loaded machine); a forced end (-9, "forced") would mean the run froze
     assert proc.returncode == 128 + sig, err[-3000:]
+    assert "forced" not in err
     assert f"stopped by {signal.Signals(sig).name}" in err.strip().splitlines()[-1]
     assert "Traceback" not in err
     rounds = [r["round"] for r in read_metrics(run_dir)]
