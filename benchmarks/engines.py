@@ -82,7 +82,7 @@ def floor_seconds(model: str, rounds: int, data: Path, cache: Path) -> dict[str,
         return statistics.median(times[1:])
 
     def stacked() -> float:
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(1)  # as the batched engine's stacked CPU steps
         initial = {k: v.numpy() for k, v in state.items()}
         times = []
         for rnd in range(1, rounds + 1):
@@ -113,7 +113,7 @@ def floor_seconds(model: str, rounds: int, data: Path, cache: Path) -> dict[str,
     if cores > 1:
         out[f"{cores} processes, 1 thread each"] = processes(cores)
     if model == "logreg" and can_stack(net):
-        out["stacked (vmap)"] = stacked()
+        out["stacked (vmap), 1 thread"] = stacked()
     return out
 
 

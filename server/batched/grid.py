@@ -97,7 +97,7 @@ class BatchedGrid(Grid):
         train = [m for m in messages if m.metadata.message_type == MessageType.TRAIN]
         for msg in messages:
             if msg.metadata.message_type != MessageType.TRAIN:
-                self._store(msg, self._call(msg, self._handler(msg)))
+                self._store(msg, self._call(msg))
         if train:
             self._train(train)
         return [m.metadata.message_id for m in messages]
@@ -122,14 +122,15 @@ class BatchedGrid(Grid):
             return client_app.train
         raise ValueError(f"no handler for message type {kind!r}")
 
-    def _call(self, msg: Message, handler: Callable[[Message, Context], Message]) -> Message:
-        """The handler's reply, or an error reply when the node is unknown or the handler raises."""
+    def _call(self, msg: Message, handler: Callable[[Message, Context], Message] | None = None) -> Message:
+        """The reply of ``handler`` (default: the ClientApp's handler of the message's type), or an error reply when
+        the node or the message type is unknown or the handler raises."""
         context = self.contexts.get(msg.metadata.dst_node_id)
         if context is None:
             return Message(error=Error(ErrorCode.NODE_UNAVAILABLE, f"no node {msg.metadata.dst_node_id}"),
                            reply_to=msg)
         try:
-            reply = handler(msg, context)
+            reply = (handler or self._handler(msg))(msg, context)
             return self.reply_filter(reply, msg) if self.reply_filter else reply
         except Exception as err:  # the ClientApp raised: Flower's reply for that
             return Message(error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"),

@@ -89,3 +89,20 @@ def test_batched_cli_run_writes_the_usual_run_dir(tiny_data, tmp_path):
         assert (run_dir / name).exists(), name
     assert "Batched engine: 4 nodes on cpu, one client after another" in proc.stderr + proc.stdout
     assert "[batched] 2/2 clients done" in (run_dir / "run.log").read_text()  # progress_every: in-round lines
+
+
+def test_messages_the_grid_cannot_serve_get_error_replies():
+    """A message to a node that does not exist, or of a type no ClientApp handler serves, is answered with an error
+    reply (as Flower does), never an exception in the round loop."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    grid = BatchedGrid(2)
+    content = RecordDict({"config": ConfigRecord({})})
+    missing = Message(content, 5, "query")
+    odd = Message(content, NODE_BASE, "query.unknown")
+    replies = {r.metadata.reply_to_message_id: r for r in grid.send_and_receive([missing, odd])}
+    assert replies[missing.metadata.message_id].error.code == 5  # NODE_UNAVAILABLE
+    assert "no handler" in replies[odd.metadata.message_id].error.reason
+    ok = Message(content, NODE_BASE + 1, "query")
+    (reply,) = grid.send_and_receive([ok])
+    assert reply.content["config"]["partition-id"] == 1 and not reply.has_error()
