@@ -7,17 +7,15 @@ memory-mapped :class:`~client.datasets.base.NaturalData`; :func:`check_task` is 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from client.datacheck import DataSourceError
-from client.datasets import cifar100, femnist, shakespeare, stackoverflow
 from client.datasets.base import NaturalData, TaskSpec, load_natural
 from client.task_models import NATURAL_DATASETS, TASK_MODEL  # noqa: F401 - re-exported
 
-TASKS: dict[str, TaskSpec] = {s.name: s for s in (femnist.SPEC, shakespeare.SPEC, cifar100.SPEC,
-                                                  stackoverflow.NWP_SPEC, stackoverflow.TP_SPEC)}
 TASK_MODELS = TASK_MODEL  # the model each task is trained with in seed 001 §8 (App. C)
 
 
@@ -31,10 +29,20 @@ class TaskSummary:
     sizes: np.ndarray  # examples of each partition, in partition-id order
 
 
+@functools.cache
+def tasks() -> dict[str, TaskSpec]:
+    """Every task's spec. Imported on first use: the task modules import ``flwr_datasets`` (and Hugging Face
+    ``datasets``, ~4 s), which a ClientApp process training CIFAR-10 must not pay on every start."""
+    from client.datasets import cifar100, femnist, shakespeare, stackoverflow
+
+    return {s.name: s for s in (femnist.SPEC, shakespeare.SPEC, cifar100.SPEC, stackoverflow.NWP_SPEC,
+                                stackoverflow.TP_SPEC)}
+
+
 def spec(name: str) -> TaskSpec:
-    if name not in TASKS:
+    if name not in tasks():
         raise DataSourceError(f"unknown natural dataset {name!r}; expected one of {NATURAL_DATASETS}")
-    return TASKS[name]
+    return tasks()[name]
 
 
 def load_task(name: str, root: str | None, cache_dir: str | None = None, download: bool = False,
