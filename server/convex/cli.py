@@ -12,7 +12,6 @@ split, whose client weights enter f as in ``pop_loss``) and solves (or reads fro
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections.abc import Sequence
 
@@ -54,7 +53,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
     if mu == 0:
         print(MU_ZERO_WARNING, file=sys.stderr)
-    logging.basicConfig(level=logging.INFO, format="flower-optimum: %(message)s", stream=sys.stderr)
     from server.convex.optimum import optimum
     from server.run.build import server_dataset
 

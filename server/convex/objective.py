@@ -65,7 +65,7 @@ class PopulationObjective:
         if not (np.isfinite(mu) and mu >= 0):
             raise ValueError(f"mu must be a finite number >= 0, got {mu!r}")
         self.x, self.mu, self.num_classes = x, float(mu), int(num_classes)
-        self.y = torch.as_tensor(np.asarray(y, dtype=np.int64))
+        self.y = torch.as_tensor(np.array(y, dtype=np.int64))
         self.c = torch.as_tensor(np.asarray(weights, dtype=np.float64))
         self.num_features = x.shape[1]
         self.dim = self.num_classes * (self.num_features + 1)
