@@ -15,11 +15,13 @@ import numpy as np
 import torch
 
 
-def to_tensor(images: np.ndarray, device: torch.device | str = "cpu") -> torch.Tensor:
-    """(B, H, W, 3) uint8 array -> (B, 3, H, W) tensor in [0, 1] on ``device``, of torch's default dtype (float32;
-    tests set float64 to check that two computations are the same algorithm)."""
+def to_tensor(images: np.ndarray, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+              ) -> torch.Tensor:
+    """(B, H, W, 3) uint8 array -> (B, 3, H, W) tensor in [0, 1] on ``device``, of ``dtype`` or torch's default
+    dtype (float32; tests set float64 to check that two computations are the same algorithm; the convex
+    objective of ``server.convex`` asks for float64)."""
     x = torch.from_numpy(np.ascontiguousarray(images)).to(device, non_blocking=True)
-    return x.permute(0, 3, 1, 2).to(torch.get_default_dtype()).div_(255.0)
+    return x.permute(0, 3, 1, 2).to(dtype or torch.get_default_dtype()).div_(255.0)
 
 
 def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:

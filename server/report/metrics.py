@@ -24,6 +24,7 @@ COLUMNS = (
     "pop_loss", "pop_accuracy",
     "elapsed",
     "num_refused", "num_reassigned",
+    "pop_gap",
 )
 
 
@@ -114,7 +115,36 @@ def plot_run(run_dir: Path | str) -> list[Path]:
         fig.savefig(run_dir / name, dpi=120)
         plt.close(fig)
         out.append(run_dir / name)
-    return out
+    gap = plot_gap(rows, run_dir / "gap.png")
+    return out + ([gap] if gap else [])
+
+
+def plot_gap(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """gap.png: ``pop_gap`` = f(x^t) − f* on a log scale (eval_gap; docs/convex.md); None when the run has none.
+    Rounds whose gap is ≤ 0 (f* reached to rounding, |gap| ≤ 1e-9) are drawn as marks on the bottom edge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x, y = _series(rows, "pop_gap")
+    if not len(x):
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    positive = y > 0
+    ax.plot(x[positive], y[positive], marker="." if len(x) < 50 else None, label="f(x^t) − f*")
+    if not positive.all():
+        ax.plot(x[~positive], np.full((~positive).sum(), y[positive].min() if positive.any() else 1e-12), "v",
+                color="grey", label="≤ 0 (at f* to rounding)")
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("population gap f(x) − f*")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _group_label(run_dir: Path, keys: Sequence[str]) -> str:

@@ -1,5 +1,5 @@
 """The runs of a Hydra multirun as ``flower-report`` sees them: each job's overrides, metrics and status, grouped
-into configurations (the swept keys' values, ``seed`` excepted) with mean ± std over seeds."""
+into configurations (the swept keys' values, ``seed`` excepted) with mean, std and 95 % CI over seeds."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import yaml
 
 from server.report.metrics import read_metrics
+from server.report.stats import Summary, summarise
 
 AVERAGED = "seed"  # runs differing only in these keys are the seeds of one configuration
 FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES = "finished", "diverged", "incomplete", "no_replies"
@@ -35,6 +36,7 @@ class Run:
     reason: str
     rows: list[dict[str, Any]]
     num_rounds: int | None
+    seed: Any = None  # config.json's seed (normalised), the key of a paired comparison
 
     def series(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """Rounds and finite-or-not values of ``metric`` where the run wrote it."""
@@ -60,7 +62,7 @@ class Config:
 
     values: dict[str, str]
     runs: list[Run]
-    stats: dict[str, tuple[float, float] | None] = field(default_factory=dict)
+    stats: dict[str, Summary | None] = field(default_factory=dict)
     note: str = ""
     complete: bool = True
     selected: bool = False
@@ -116,8 +118,10 @@ def load_run(path: Path) -> Run:
         # e.g. the simulation engine crashed at start-up: every round skipped its partitions, the model never moved
         status, reason = NO_REPLIES, f"finished, but none of its {len(trained)} rounds aggregated a reply"
     cfg_file = path / "config.json"
-    num_rounds = json.loads(cfg_file.read_text()).get("num_rounds") if cfg_file.exists() else None
-    return Run(path, _overrides(path), status, last, reason, rows, num_rounds)
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    params = _overrides(path)
+    seed = normalise(params.get(AVERAGED, cfg.get(AVERAGED)))
+    return Run(path, params, status, last, reason, rows, cfg.get("num_rounds"), seed)
 
 
 def load_runs(sweep_dirs: Sequence[Path]) -> list[Run]:
@@ -157,12 +161,9 @@ def check_keys(runs: Sequence[Run], swept: Sequence[str], keys: Sequence[str], o
 
 
 # --------------------------------------------------------------------------- summaries
-def _mean_std(values: list[float]) -> tuple[float, float] | None:
-    return (float(np.mean(values)), float(np.std(values))) if values else None
-
-
 def configurations(runs: Sequence[Run], keys: Sequence[str], metrics: Sequence[str], last: int) -> list[Config]:
-    """Group runs by the values of ``keys``; mean ± std over seeds of final and last-K values of ``metrics``."""
+    """Group runs by the values of ``keys``; mean, std and 95 % CI (:mod:`server.report.stats`) over seeds of the
+    final and last-K values of ``metrics``."""
     groups: dict[tuple, Config] = {}
     for run in runs:
         ident = tuple(normalise(run.params.get(k)) for k in keys)
@@ -179,8 +180,8 @@ def configurations(runs: Sequence[Run], keys: Sequence[str], metrics: Sequence[s
         for metric in metrics:
             finals = [v for v in (r.final(metric) for r in config.runs) if v is not None]
             lasts = [v for v in (r.last_mean(metric, last) for r in config.runs) if v is not None]
-            config.stats[f"{metric}_final"] = _mean_std(finals)
-            config.stats[f"{metric}_last"] = _mean_std(lasts)
+            config.stats[f"{metric}_final"] = summarise(finals)
+            config.stats[f"{metric}_last"] = summarise(lasts)
             missing = sum(r.status == FINISHED and r.last_mean(metric, last) is None for r in config.runs)
             if missing:
                 problems.append(f"{missing} finished run(s) without {metric}")

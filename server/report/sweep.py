@@ -4,13 +4,16 @@
         --minimize pop_loss --grid strategy.server_lr strategy.client_lr
 
 A *configuration* is one combination of the swept keys (the Hydra overrides that differ between the jobs),
-``seed`` excepted: the runs of a configuration are its seeds. For each configuration the report gives mean ± std
-over seeds (ddof = 0, as ``flower-plot``) of the final value of ``--metric`` and of its mean over the last K
-rounds (seed 001 Section 8.3: "the smallest average training loss over the last 100 rounds"). ``--select``
-picks, for every combination of the other swept keys (``--best-per``), the value(s) of the selected keys with the
-best last-K mean: seed 001's tuned eta for each gamma. Runs that diverged (exit 3, ``status.json``), stopped early,
-never aggregated a reply or lack the metric are listed as such; a configuration with such a run is never selected.
-Outputs in ``--out`` (default: the first sweep dir): report.md, report.csv, curves.png, heatmap.png (``--grid``).
+``seed`` excepted: the runs of a configuration are its seeds. For each configuration the report gives the mean ± the
+95 % Student-t confidence half-width over seeds (and, in report.csv, the std with ddof = 0, as ``flower-plot``, and n)
+of the final value of ``--metric`` and of its mean over the last K rounds (seed 001 Section 8.3: "the smallest
+average training loss over the last 100 rounds"). ``--select`` picks, for every combination of the other swept
+keys (``--best-per``), the value(s) of the selected keys with the best last-K mean: seed 001's tuned eta for each
+gamma. Runs that diverged (exit 3, ``status.json``), stopped early, never aggregated a reply or lack the metric
+are listed as such; a configuration with such a run is never selected.
+``--compare KEY=A KEY=B`` adds paired differences B − A over matched seeds (:mod:`server.report.compare`).
+Outputs in ``--out`` (default: the first sweep dir): report.md, report.csv, curves.png, heatmap.png (``--grid``),
+compare.csv (``--compare``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from server.report import compare as compare_lib
 from server.report.runs import (
     AVERAGED,
     FINISHED,
@@ -28,6 +32,7 @@ from server.report.runs import (
     Config,
     ReportError,
     Run,
+    Summary,
     check_keys,
     configurations,
     load_runs,
@@ -43,7 +48,8 @@ def select_best(configs: Sequence[Config], group_keys: Sequence[str], criterion:
         groups.setdefault(tuple(normalise(config.values[k]) for k in group_keys), []).append(config)
     out = []
     for members in groups.values():
-        scored = [(c.stats[f"{criterion}_last"][0], c) for c in members if c.complete and c.stats[f"{criterion}_last"]]
+        scored = [(c.stats[f"{criterion}_last"].mean, c) for c in members
+                  if c.complete and c.stats[f"{criterion}_last"]]
         best = (min if minimize else max)(scored, key=lambda item: item[0])[1] if scored else None
         if best is not None:
             best.selected = True
@@ -53,12 +59,18 @@ def select_best(configs: Sequence[Config], group_keys: Sequence[str], criterion:
 
 
 # --------------------------------------------------------------------------- outputs
-def _fmt(stat: tuple[float, float] | None) -> str:
-    return "—" if stat is None else f"{stat[0]:.4g} ± {stat[1]:.2g}"
+def _fmt(stat: Summary | None) -> str:
+    """mean ± 95 % CI half-width (n seeds); one seed: the value and n = 1 (no interval)."""
+    if stat is None:
+        return "—"
+    return f"{stat.mean:.4g} (n=1, no CI)" if stat.ci is None else f"{stat.mean:.4g} ± {stat.ci:.2g} (n={stat.n})"
+
+
+AGGREGATES = ("mean", "std", "ci95", "n")  # report.csv columns of every figure: std ddof = 0, ci95 = t half-width
 
 
 def write_csv(path: Path, configs: Sequence[Config], keys: Sequence[str], metrics: Sequence[str], last: int) -> None:
-    stat_cols = [f"{m}_{kind}_{agg}" for m in metrics for kind in ("final", f"last{last}") for agg in ("mean", "std")]
+    stat_cols = [f"{m}_{kind}_{agg}" for m in metrics for kind in ("final", f"last{last}") for agg in AGGREGATES]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*keys, "runs", *STATUSES, *stat_cols, "selected", "note"])
@@ -68,18 +80,21 @@ def write_csv(path: Path, configs: Sequence[Config], keys: Sequence[str], metric
             for m in metrics:
                 for kind in ("final", "last"):
                     stat = c.stats[f"{m}_{kind}"]
-                    stats += ["", ""] if stat is None else [repr(stat[0]), repr(stat[1])]
+                    stats += [""] * len(AGGREGATES) if stat is None else \
+                        [repr(stat.mean), repr(stat.std), "" if stat.ci is None else repr(stat.ci), stat.n]
             writer.writerow([*(c.values[k] for k in keys), len(c.runs), *counts, *stats, c.selected, c.note])
 
 
 def write_markdown(path: Path, args: argparse.Namespace, runs: Sequence[Run], configs: Sequence[Config],
-                   keys: Sequence[str], best: list[dict] | None, figures: Sequence[str]) -> None:
+                   keys: Sequence[str], best: list[dict] | None, figures: Sequence[str],
+                   compared: list[str] | None = None) -> None:
     m, k = args.metric, args.last
     lines = [f"# flower-report: {', '.join(map(str, args.sweep_dirs))}", "",
              f"{len(runs)} runs, {len(configs)} configurations (swept: {', '.join(keys) or 'none'}; "
-             f"averaged over: {AVERAGED}). Values: mean ± std over seeds of `{m}` at the last round and its mean over "
-             f"the last {k} rounds. Runs that diverged, did not finish or never aggregated a reply are listed in "
-             "*note* and their configurations are never selected.", "",
+             f"averaged over: {AVERAGED}). Values: mean ± 95 % confidence half-width over n seeds (Student t, "
+             f"t_0.975,n−1 · s/√n; std in report.csv) of `{m}` at the last round and of its mean over the last {k} "
+             "rounds. Runs that diverged, did not finish or never aggregated a reply are listed in *note* and their "
+             "configurations are never selected.", "",
              f"| {' | '.join(keys)} | runs | {m} final | {m} last {k} | note |",
              f"|{'---|' * (len(keys) + 4)}"]
     for c in configs:
@@ -99,6 +114,7 @@ def write_markdown(path: Path, args: argparse.Namespace, runs: Sequence[Run], co
             lines.append(f"| {' | '.join([*item['group'].values(), *chosen])} | "
                          f"{_fmt(b.stats[f'{crit}_last']) if b else '—'} | {_fmt(b.stats[f'{m}_final']) if b else '—'} "
                          f"| {item['excluded']} of {item['candidates']} |")
+    lines += compared or []
     bad = [r for r in runs if r.status != FINISHED]
     if bad:
         lines += ["", "## Runs left out", ""]
@@ -129,6 +145,10 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     check_keys(runs, swept, args.best_per or [], "--best-per")
     check_keys(runs, swept, args.select or [], "--select")
     check_keys(runs, swept, args.grid or [], "--grid")
+    comparisons = None
+    if args.compare:
+        key, a, b = compare_lib.parse(args.compare, runs, swept)
+        comparisons = compare_lib.compare(runs, keys, key, a, b, args.metric, args.last)
     metrics = list(dict.fromkeys([args.metric, args.criterion]))
     configs = configurations(runs, keys, metrics, args.last)
     best = None
@@ -144,9 +164,14 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     if args.grid:
         figures.append(report_plots.plot_heatmap(out / "heatmap.png", configs, args.grid, args.criterion,
                                                  args.minimize_criterion, args.last))
+    compared, written = None, []
+    if comparisons is not None:
+        compared = compare_lib.markdown(comparisons, key, a, b, args.metric, args.last)
+        compare_lib.write_csv(out / "compare.csv", comparisons, key, a, b, args.last)
+        written.append(out / "compare.csv")
     write_csv(out / "report.csv", configs, keys, metrics, args.last)
-    write_markdown(out / "report.md", args, runs, configs, keys, best, [f.name for f in figures])
-    return [out / "report.md", out / "report.csv", *figures]
+    write_markdown(out / "report.md", args, runs, configs, keys, best, [f.name for f in figures], compared)
+    return [out / "report.md", out / "report.csv", *written, *figures]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -162,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     crit.add_argument("--maximize", metavar="METRIC", help="selection criterion: largest last-K mean of METRIC")
     parser.add_argument("--grid", nargs=2, metavar=("X", "Y"), help="heatmap of two swept keys")
     parser.add_argument("--out", type=Path, help="output folder (default: the first sweep dir)")
+    parser.add_argument("--compare", nargs=2, metavar=("KEY=A", "KEY=B"),
+                        help="paired differences B − A of --metric over matched seeds: mean, 95%% CI, t-test p")
     args = parser.parse_args(argv)
     try:
         written = build_report(args)

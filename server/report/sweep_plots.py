@@ -1,4 +1,4 @@
-"""Figures of ``flower-report``: mean ± std curves of chosen configurations and a heatmap over two swept keys."""
+"""Figures of ``flower-report``: mean ± 95 % CI curves of chosen configurations and a heatmap over two swept keys."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from server.report.runs import FINISHED, Config, normalise, sort_key
+from server.report.stats import t_quantile
 
 
 def _pyplot():
@@ -20,30 +21,33 @@ def _pyplot():
 
 
 def mean_curve(config: Config, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Rounds written by every finished run of the configuration, mean and std over its seeds."""
+    """Rounds written by every finished run of the configuration, mean over its seeds and the half-width of the
+    95 % Student-t CI (zero with one seed: no interval)."""
     series = [r.series(metric) for r in config.runs if r.status == FINISHED]
     series = [dict(zip(x.tolist(), y.tolist())) for x, y in series if len(x)]
     if not series:
         return None
     rounds = sorted(set.intersection(*(set(s) for s in series)))
     values = np.array([[s[t] for t in rounds] for s in series])
-    return np.array(rounds), values.mean(0), values.std(0)
+    n = len(values)
+    half = t_quantile(n) * values.std(0, ddof=1) / np.sqrt(n) if n >= 2 else np.zeros(values.shape[1])
+    return np.array(rounds), values.mean(0), half
 
 
 def plot_curves(path: Path, configs: Sequence[Config], keys: Sequence[str], metric: str) -> Path:
-    """``metric`` vs round, mean ± std over seeds, one curve per configuration (seed 001 Figs. 5 and 8)."""
+    """``metric`` vs round, mean ± 95 % CI over seeds, one curve per configuration (seed 001 Figs. 5 and 8)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for config in configs:
         curve = mean_curve(config, metric)
         if curve is None:
             continue
-        rounds, mean, std = curve
+        rounds, mean, half = curve
         label = ", ".join(f"{k.split('.')[-1]}={config.values[k]}" for k in keys) or "all runs"
         ax.plot(rounds, mean, label=f"{label} (n={sum(r.status == FINISHED for r in config.runs)})")
-        ax.fill_between(rounds, mean - std, mean + std, alpha=0.2)
+        ax.fill_between(rounds, mean - half, mean + half, alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(f"{metric} (mean ± 95% CI over seeds)")
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7)
@@ -64,7 +68,7 @@ def heatmap_cells(configs: Sequence[Config], grid: Sequence[str], criterion: str
         current = cells.get(cell)
         if not config.complete or stat is None:
             cells.setdefault(cell, None)
-        elif current is None or (stat[0] < current.stats[f"{criterion}_last"][0]) == minimize:
+        elif current is None or (stat.mean < current.stats[f"{criterion}_last"].mean) == minimize:
             cells[cell] = config
     return xs, ys, cells
 
@@ -78,7 +82,7 @@ def plot_heatmap(path: Path, configs: Sequence[Config], grid: Sequence[str], cri
     values = np.full((len(ys), len(xs)), np.nan)
     for (x, y), config in cells.items():
         if config is not None:
-            values[ys.index(y), xs.index(x)] = config.stats[f"{criterion}_last"][0]
+            values[ys.index(y), xs.index(x)] = config.stats[f"{criterion}_last"].mean
     fig, ax = plt.subplots(figsize=(1.3 * len(xs) + 2.5, 0.8 * len(ys) + 2))
     cmap = plt.get_cmap("viridis_r" if minimize else "viridis").copy()
     cmap.set_bad("lightgrey")

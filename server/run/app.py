@@ -170,10 +170,11 @@ def write_status(run_dir: Path, status: str, last_round: int, reason: str = "") 
 
 
 def _pop_text(row: dict[str, Any]) -> str:
-    """' pop_loss … pop_accuracy …' when the population was evaluated this round (eval_train)."""
+    """' pop_loss … pop_accuracy … [pop_gap …]' when the population was evaluated this round (eval_train, eval_gap)."""
     if row.get("pop_loss") is None:
         return ""
-    return f" pop_loss {row['pop_loss']:.4f} pop_accuracy {row['pop_accuracy']:.4f}"
+    gap = f" pop_gap {row['pop_gap']:.4e}" if row.get("pop_gap") is not None else ""
+    return f" pop_loss {row['pop_loss']:.4f} pop_accuracy {row['pop_accuracy']:.4f}{gap}"
 
 
 def _divergence(strategy: Any) -> str:

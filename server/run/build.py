@@ -172,6 +172,11 @@ class Evaluator:
         self.partitions = clients if cfg.get("eval_train") else None
         train_max = int(cfg.get("eval_train_max_examples", 0))
         self.per_client_max = max(1, -(-train_max // int(cfg["num_clients"]))) if train_max > 0 else 0
+        self.gap = None
+        if cfg.get("eval_gap"):  # pop_gap = f(x) - f* (issue 17; docs/convex.md)
+            from server.convex.optimum import PopulationGap
+
+            self.gap = PopulationGap(cfg, ds)
 
     def __call__(self, arrays: ArrayRecord) -> tuple[float, float]:
         """(test loss, test accuracy)."""
@@ -189,10 +194,13 @@ class Evaluator:
         return float(loss), float(acc)
 
     def metrics(self, arrays: ArrayRecord) -> dict[str, float]:
-        """Metrics-row entries: ``loss``, ``accuracy`` and, with ``eval_train``, ``pop_loss``, ``pop_accuracy``."""
+        """Metrics-row entries: ``loss``, ``accuracy`` and, with ``eval_train``, ``pop_loss``, ``pop_accuracy``
+        (and with ``eval_gap``, ``pop_gap``)."""
         row = dict(zip(("loss", "accuracy"), self(arrays)))
         if self.partitions is not None:
             row.update(zip(("pop_loss", "pop_accuracy"), self.population(arrays)))
+        if self.gap is not None:
+            row["pop_gap"] = self.gap({k: v.numpy() for k, v in arrays.items()})
         return row
 
 

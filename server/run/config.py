@@ -211,6 +211,30 @@ def _validate_eval_train(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"'eval_train' must be true or false, got {cfg['eval_train']!r}")
     cfg.setdefault("eval_train_max_examples", 0)
     _positive_int(cfg, "eval_train_max_examples", 0)
+    _validate_eval_gap(cfg)
+
+
+def _validate_eval_gap(cfg: dict[str, Any]) -> None:
+    """``eval_gap``: bool, the ``pop_gap`` column f(x^t) − f* (docs/convex.md); it needs ``eval_train=true`` and a
+    convex model; ``eval_fstar``: null (f* solved through the cache) or a finite number, only with ``eval_gap``."""
+    from server.convex.objective import CONVEX_MODELS
+
+    gap, fstar = cfg.setdefault("eval_gap", False), cfg.setdefault("eval_fstar", None)
+    if not isinstance(gap, bool):
+        raise ConfigError(f"'eval_gap' must be true or false, got {gap!r}")
+    bad_fstar = isinstance(fstar, bool) or not isinstance(fstar, int | float) or not math.isfinite(fstar)
+    if fstar is not None and bad_fstar:
+        raise ConfigError(f"'eval_fstar' must be null or a finite number, got {fstar!r}")
+    if not gap:
+        if fstar is not None:
+            raise ConfigError("'eval_fstar' is set but eval_gap=false: nothing would use it")
+        return
+    model = (cfg.get("model") or {}).get("name")
+    if model not in CONVEX_MODELS:
+        raise ConfigError(f"'eval_gap': model.name={model} is not convex; pop_gap = f(x) - f* needs "
+                          f"model={CONVEX_MODELS[0]}")
+    if not cfg["eval_train"]:
+        raise ConfigError("'eval_gap' needs eval_train=true (pop_gap is evaluated with the population loss)")
 
 
 def _validate_ghbm(cfg: dict[str, Any], name: str) -> None:

@@ -38,6 +38,12 @@ def run_cli(name, args, timeout=300, **kwargs):
                           env=env, **kwargs)
 
 
+def report(*args):
+    """flower-report through its module (works before the console script is installed)."""
+    return subprocess.run([sys.executable, "-m", "server.report.sweep", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
 def full_and_resumed(data, tmp_path, extra, kill_round=2):
     """Run ``extra`` uninterrupted (``tmp_path/full``) and again killed after ``kill_round`` and resumed
     (``tmp_path/killed``); asserts both finish and end with the bitwise-same model. Returns the two run dirs."""

@@ -5,14 +5,12 @@ import csv
 import json
 import math
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_cli, sim_args
+from conftest import report, run_cli, sim_args
 
 from client.app import train_on_partition
 from client.data import load_dataset
@@ -27,12 +25,6 @@ pytestmark = pytest.mark.e2e
 GAMMAS, ETAS, SEEDS = ("0.05", "0.1"), ("0.01", "1e30"), (0, 1)
 FIXED = ["strategy=localupdate", "strategy.server_optimizer=yogi", "participation=uniform", "eval_train=true",
          "num_rounds=3", "client.loss_before_batches=1"]
-
-
-def report(*args):
-    """flower-report through its module (works before the console script is installed)."""
-    return subprocess.run([sys.executable, "-m", "server.report.sweep", *map(str, args)], capture_output=True,
-                          text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")

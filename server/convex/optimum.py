@@ -1,0 +1,145 @@
+"""f* of a run's population objective, cached on disk by (data, μ, split): what ``flower-optimum`` prints and what
+the ``pop_gap`` column of a run subtracts (docs/convex.md).
+
+The cache entry ``<cache dir>/optimum/<key>.npz`` holds w*, f*, ‖∇f(w*)‖ and μ; the key hashes the dataset's decode
+cache entry (source path, size, mtime), μ, the per-example weights c_j of the split (so splits with the same weights
+share it) and the tolerance. Nothing read back is trusted: f and ∇f are recomputed at the stored w*, and an entry
+whose values do not match, whose gradient is above the tolerance or that cannot be read is solved again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from client.data import Dataset, _locked, default_cache_dir
+from server.convex.objective import CONVEX_MODELS, PopulationObjective, example_weights, features
+from server.convex.solver import TOL, solve
+from server.run.config import ConfigError
+
+CACHE_VERSION = 1
+MATCH = 1e-12  # relative agreement of a cached f* with f recomputed at its w*
+LOG = logging.getLogger("flwr")
+
+
+@dataclass
+class Optimum:
+    """f* and its minimiser for one (data, μ, split), and where it came from."""
+
+    f_star: float
+    mu: float
+    grad_norm: float
+    w: np.ndarray
+    converged: bool
+    cached: bool
+    path: Path
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    lbfgs_iterations: int = 0
+    newton_iterations: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """The JSON line of ``flower-optimum``."""
+        return {"f_star": self.f_star, "mu": self.mu, "grad_norm": self.grad_norm, "converged": self.converged,
+                "cached": self.cached, "seconds": round(self.seconds, 2),
+                "cpu_seconds": round(self.cpu_seconds, 2), "lbfgs_iterations": self.lbfgs_iterations,
+                "newton_iterations": self.newton_iterations, "cache": str(self.path)}
+
+
+def check_convex(cfg: Mapping[str, Any], what: str) -> float:
+    """μ = ``client.weight_decay`` of a config whose model is convex; ConfigError (naming ``what``) otherwise."""
+    model = cfg.get("model", {}).get("name")
+    if model not in CONVEX_MODELS:
+        raise ConfigError(f"{what}: model.name={model} is not convex; f* and pop_gap need model={CONVEX_MODELS[0]}")
+    mu = cfg.get("client", {}).get("weight_decay", 0.0)
+    if isinstance(mu, bool) or not isinstance(mu, int | float) or not math.isfinite(mu) or mu < 0:
+        raise ConfigError(f"'client.weight_decay' (μ of f) must be a finite number >= 0, got {mu!r}")
+    return float(mu)
+
+
+def objective(cfg: Mapping[str, Any], ds: Dataset) -> PopulationObjective:
+    """The population objective of a validated config's training split (``pop_loss`` + (μ/2)‖w‖²), float64."""
+    from server.run.build import client_partitions  # server.run.build imports this module for its Evaluator
+
+    mu = check_convex(cfg, "model")
+    weights = example_weights(client_partitions(cfg, ds), len(ds.y_train))
+    return PopulationObjective(features(ds.x_train, ds.mean, ds.std), np.asarray(ds.y_train), weights, mu,
+                               ds.num_classes)
+
+
+def cache_path(cfg: Mapping[str, Any], ds: Dataset, obj: PopulationObjective, tol: float = TOL) -> Path:
+    """``<data cache dir>/optimum/<key>.npz`` of (data, μ, split weights, tolerance)."""
+    key = hashlib.sha256()
+    key.update(json.dumps([CACHE_VERSION, Path(ds.cache_path).name, cfg["model"]["name"], obj.mu.hex(),
+                           float(tol).hex()]).encode())
+    key.update(obj.c.numpy().tobytes())
+    root = cfg["data"].get("cache_dir") or default_cache_dir()
+    return Path(root).expanduser().absolute() / "optimum" / f"{key.hexdigest()[:20]}.npz"
+
+
+def _load(path: Path, obj: PopulationObjective, tol: float) -> Optimum | None:
+    """A cache entry, checked against ``obj`` (None when absent, unreadable or wrong: it is solved again)."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            w, f_star, mu = np.asarray(npz["w"], dtype=np.float64), float(npz["f_star"]), float(npz["mu"])
+        value, grad = obj.value_grad(w)
+    except (OSError, ValueError, KeyError) as err:
+        LOG.warning("f* cache %s unreadable (%s): solving again", path, err)
+        return None
+    grad_norm = float(np.linalg.norm(grad))
+    if mu != obj.mu or not abs(value - f_star) <= MATCH * max(1.0, abs(value)) or not grad_norm <= tol:
+        LOG.warning("f* cache %s does not hold the minimiser of this objective: solving again", path)
+        return None
+    return Optimum(value, obj.mu, grad_norm, w, True, True, path)
+
+
+def optimum(cfg: Mapping[str, Any], ds: Dataset, obj: PopulationObjective | None = None, tol: float = TOL) -> Optimum:
+    """f* of the config's objective: from the cache (checked) or solved and stored (one process at a time)."""
+    obj = obj or objective(cfg, ds)
+    path = cache_path(cfg, ds, obj, tol)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.with_suffix(".lock")):
+        found = _load(path, obj, tol)
+        if found is not None:
+            return found
+        LOG.info("Solving for f* (μ = %g, %d examples, %d parameters; docs/convex.md)", obj.mu, len(obj.y), obj.dim)
+        sol = solve(obj, tol)
+        result = Optimum(sol.f_star, obj.mu, sol.grad_norm, sol.w, sol.converged, False, path, sol.seconds,
+                         sol.cpu_seconds, sol.lbfgs_iterations, sol.newton_iterations)
+        if sol.converged:
+            tmp = path.with_suffix(".tmp.npz")
+            np.savez(tmp, w=sol.w, f_star=sol.f_star, mu=obj.mu, grad_norm=sol.grad_norm)
+            tmp.replace(path)
+        return result
+
+
+class PopulationGap:
+    """``pop_gap`` = f(x^t) − f* of a run (issue 17): f evaluated exactly as f* was (same objective, float64, every
+    training example, whatever ``eval_train_max_examples``); f* from ``eval_fstar`` or :func:`optimum`."""
+
+    def __init__(self, cfg: Mapping[str, Any], ds: Dataset) -> None:
+        self.obj = objective(cfg, ds)
+        given = cfg.get("eval_fstar")
+        if given is not None:
+            self.f_star = float(given)
+        else:
+            found = optimum(cfg, ds, self.obj)
+            if not found.converged:
+                raise ConfigError(f"'eval_gap': the solver stopped at ‖∇f‖ = {found.grad_norm:.3g} > {TOL:g} "
+                                  f"(μ = {found.mu:g}: f* may not be attained); give eval_fstar or μ > 0")
+            self.f_star = found.f_star
+        LOG.info("pop_gap: f* = %.12g (μ = %g)", self.f_star, self.obj.mu)
+
+    def __call__(self, arrays: Mapping[str, Any]) -> float:
+        """f(x) − f* of model arrays (numpy values keyed like the model's state_dict)."""
+        return self.obj.value(self.obj.flatten(arrays)) - self.f_star

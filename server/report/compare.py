@@ -1,0 +1,136 @@
+"""``flower-report --compare KEY=A KEY=B``: paired differences over seeds (issue 17 part 3; :mod:`server.report.stats`).
+
+For every combination of the other swept keys, the runs with KEY=A and KEY=B are matched by seed and compared on
+the final value and the last-K mean of the metric: d_s = B_s − A_s, their mean, 95 % CI and the paired t-test
+p-value. Bad input is a :class:`ReportError` (exit 2): a spec that is not KEY=VALUE, two different keys, a key that
+was not swept, a value no run has, seeds that appear twice or only on one side, fewer than 2 seeds. A seed whose run
+of either side diverged or did not finish leaves its pair out (the row says so); fewer than 2 pairs left: no test.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from server.report.runs import AVERAGED, ReportError, Run, check_keys, normalise, sort_key
+from server.report.stats import Paired, paired
+
+KINDS = ("final", "last")
+
+
+@dataclass
+class Comparison:
+    """B − A within one combination of the other swept keys."""
+
+    group: dict[str, str]
+    seeds: list
+    results: dict[str, Paired | None] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def parse(specs: Sequence[str], runs: Sequence[Run], swept: Sequence[str]) -> tuple[str, str, str]:
+    """(KEY, A, B) of ``--compare KEY=A KEY=B``."""
+    parts = [spec.partition("=") for spec in specs]
+    if len(parts) != 2 or any(not k or not sep or not v for k, sep, v in parts):
+        raise ReportError(f"--compare takes two KEY=VALUE, got {' '.join(specs)}")
+    (key, _, a), (key_b, _, b) = parts
+    if key != key_b:
+        raise ReportError(f"--compare: both sides must set the same key, got '{key}' and '{key_b}'")
+    check_keys(runs, swept, [key], "--compare")
+    if normalise(a) == normalise(b):
+        raise ReportError(f"--compare: both sides are {key}={a}")
+    values = {normalise(r.params.get(key)) for r in runs}
+    for value in (a, b):
+        if normalise(value) not in values:
+            raise ReportError(f"--compare: no run has {key}={value} (values: "
+                              f"{', '.join(sorted(map(str, values)))})")
+    return key, a, b
+
+
+def _by_seed(runs: Sequence[Run], side: str) -> dict:
+    out: dict = {}
+    for run in runs:
+        if run.seed in out:
+            raise ReportError(f"--compare: seed {run.seed} appears twice for {side} ({out[run.seed].path}, {run.path})")
+        out[run.seed] = run
+    return out
+
+
+def compare(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str, metric: str, last: int
+            ) -> list[Comparison]:
+    """Paired comparisons of B against A on ``metric`` (final value and last-``last`` mean), one per combination
+    of the swept keys other than ``key`` and the seed."""
+    others = [k for k in keys if k != key]
+    groups: dict[tuple, dict[str, list[Run]]] = {}
+    for run in runs:
+        value = normalise(run.params.get(key))
+        side = "a" if value == normalise(a) else "b" if value == normalise(b) else None
+        if side:
+            ident = tuple(normalise(run.params.get(k)) for k in others)
+            groups.setdefault(ident, {"a": [], "b": []})[side].append(run)
+    out = []
+    for ident in sorted(groups, key=lambda t: [sort_key(v) for v in t]):
+        sides = groups[ident]
+        group = {k: (sides["a"] or sides["b"])[0].params.get(k, "") for k in others}
+        where = ", ".join(f"{k}={v}" for k, v in group.items()) or "the sweep"
+        runs_a, runs_b = _by_seed(sides["a"], f"{key}={a} ({where})"), _by_seed(sides["b"], f"{key}={b} ({where})")
+        if set(runs_a) != set(runs_b):
+            only = sorted(set(runs_a) ^ set(runs_b), key=sort_key)
+            raise ReportError(f"--compare: unmatched seeds in {where}: {key}={a} has seeds "
+                              f"{sorted(runs_a, key=sort_key)}, {key}={b} has {sorted(runs_b, key=sort_key)} "
+                              f"(only one side: {only})")
+        seeds = sorted(runs_a, key=sort_key)
+        if len(seeds) < 2:
+            raise ReportError(f"--compare: {where} has {len(seeds)} seed(s); a paired CI needs at least 2 "
+                              f"(sweep {AVERAGED}=0,1,...)")
+        comparison = Comparison(group, seeds)
+        for kind in KINDS:
+            pairs, dropped = [], []
+            for s in seeds:
+                va, vb = (runs_a[s].final(metric), runs_b[s].final(metric)) if kind == "final" else \
+                    (runs_a[s].last_mean(metric, last), runs_b[s].last_mean(metric, last))
+                (pairs.append((va, vb)) if va is not None and vb is not None else dropped.append(s))
+            comparison.results[kind] = paired(*zip(*pairs)) if len(pairs) >= 2 else None
+            if dropped:
+                comparison.notes[kind] = f"seeds {dropped} left out (a run diverged, did not finish or lacks {metric})"
+        out.append(comparison)
+    return out
+
+
+def _cell(result: Paired | None) -> list[str]:
+    if result is None:
+        return ["—", "—", "—"]
+    return [f"{result.mean:+.4g} ± {result.ci:.2g}", f"{result.t:.3g}", f"{result.p:.3g}"]
+
+
+def markdown(comparisons: Sequence[Comparison], key: str, a: str, b: str, metric: str, last: int) -> list[str]:
+    """The report.md section: one row per group and kind."""
+    others = list(comparisons[0].group) if comparisons else []
+    lines = ["", f"## Paired comparison: {key}={b} − {key}={a}", "",
+             f"Per seed d = {metric}({key}={b}) − {metric}({key}={a}), the same seed on both sides; mean ± 95 % CI "
+             f"half-width (Student t, n − 1 dof), t statistic and two-sided paired t-test p-value (H0: E[d] = 0).", "",
+             f"| {' | '.join(others + ['seeds', 'value', 'mean d ± CI', 't', 'p', 'note'])} |",
+             f"|{'---|' * (len(others) + 6)}"]
+    for c in comparisons:
+        for kind in KINDS:
+            label = f"{metric} final" if kind == "final" else f"{metric} last {last}"
+            n = c.results[kind].n if c.results[kind] else 0
+            cells = [*c.group.values(), f"{n} of {len(c.seeds)}", label, *_cell(c.results[kind]), c.notes.get(kind, "")]
+            lines.append(f"| {' | '.join(cells)} |")
+    return lines
+
+
+def write_csv(path: Path, comparisons: Sequence[Comparison], key: str, a: str, b: str, last: int) -> None:
+    """compare.csv: one row per group and kind (final, last<K>) with n, mean difference, CI half-width, t, p."""
+    others = list(comparisons[0].group) if comparisons else []
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*others, "key", "a", "b", "value", "n", "mean_diff", "ci95", "t", "p", "note"])
+        for c in comparisons:
+            for kind in KINDS:
+                r = c.results[kind]
+                stats = ["", "", "", ""] if r is None else [repr(r.mean), repr(r.ci), repr(r.t), repr(r.p)]
+                writer.writerow([*c.group.values(), key, a, b, kind if kind == "final" else f"last{last}",
+                                 r.n if r else 0, *stats, c.notes.get(kind, "")])

@@ -1,0 +1,80 @@
+"""Statistics over seeds for ``flower-report`` (issue 17 part 3): Student-t confidence intervals and paired t-tests.
+
+With n seeds x_1..x_n (independent runs of one configuration), mean x̄ and sample standard deviation
+s = sqrt(Σ (x_i − x̄)² / (n − 1)), the 95 % confidence interval of the expected value is x̄ ± t_{0.975, n−1} s/√n
+(Student 1908; e.g. Wasserman, *All of Statistics*, §10.1). A paired comparison of configurations A and B run with
+the same seeds uses d_i = B_i − A_i (common randomness cancels: the same split, initial model, batch order): its mean,
+CI as above and the two-sided paired t-test p = 2 P(T_{n−1} ≥ |d̄| / (s_d/√n)) of H0: E[d] = 0. n < 2 has no CI.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+LEVEL = 0.95
+
+
+@dataclass
+class Summary:
+    """Mean, standard deviation (ddof = 0, as flower-plot), 95 % CI half-width (None for n < 2) and n."""
+
+    mean: float
+    std: float
+    ci: float | None
+    n: int
+
+
+def t_quantile(n: int, level: float = LEVEL) -> float:
+    """t_{(1 + level)/2, n − 1}, the Student-t quantile of a two-sided ``level`` interval from n values (n ≥ 2)."""
+    if n < 2:
+        raise ValueError(f"a confidence interval needs at least 2 values, got {n}")
+    return float(scipy_stats.t.ppf(0.5 + level / 2, n - 1))
+
+
+def ci_half_width(values: Sequence[float], level: float = LEVEL) -> float:
+    """t_{0.975, n−1} · s / √n with s the sample standard deviation (ddof = 1)."""
+    x = np.asarray(values, dtype=np.float64)
+    return t_quantile(len(x), level) * float(np.std(x, ddof=1)) / math.sqrt(len(x))
+
+
+def summarise(values: Sequence[float]) -> Summary | None:
+    """Summary of the values of a configuration's seeds (None when there is none)."""
+    x = np.asarray(values, dtype=np.float64)
+    if not len(x):
+        return None
+    return Summary(float(x.mean()), float(x.std()), ci_half_width(x) if len(x) >= 2 else None, len(x))
+
+
+@dataclass
+class Paired:
+    """Paired differences d_i = b_i − a_i over matched seeds: mean, 95 % CI half-width, t statistic, p-value."""
+
+    mean: float
+    ci: float
+    t: float
+    p: float
+    n: int
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> Paired:
+    """The paired comparison of b against a (the same seeds, in the same order); n ≥ 2.
+
+    p is the two-sided p-value of Student's paired t-test; when every difference is equal (s_d = 0) it is 0 for
+    a non-zero difference and 1 for none (the t statistic is ±inf or undefined)."""
+    d = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    if len(a) != len(b):
+        raise ValueError(f"paired values need as many b as a, got {len(a)} and {len(b)}")
+    n = len(d)
+    t_quantile(n)  # raises for n < 2
+    mean, sd = float(d.mean()), float(np.std(d, ddof=1))
+    if sd == 0.0:
+        t = math.copysign(math.inf, mean) if mean else 0.0
+        return Paired(mean, 0.0, t, 0.0 if mean else 1.0, n)
+    t = mean / (sd / math.sqrt(n))
+    p = float(2 * scipy_stats.t.sf(abs(t), n - 1))
+    return Paired(mean, ci_half_width(d), t, p, n)
