@@ -9,12 +9,14 @@ module), so the product's ClientApp holds no test switch.
 Kinds: those of ``tests/broken_app.py`` (``wrong-shape``, ``nan``, ``zero-num-examples``, ... : its
 ``corrupt`` is reused) plus ``scale`` (weights x 1.1: finite, right shape, a plausible-looking poisoned update).
 ``query-delay=<s>`` makes the node answer the partition query ``s`` seconds late (so another node claims the
-partition first); ``train-delay=<s>`` makes it train ``s`` seconds longer (so a test can kill it mid-round).
+partition first); ``train-delay=<s>`` makes it train ``s`` seconds longer (so a test can kill it mid-round);
+``train-gate=<path>`` holds its training until that file exists (a test's event).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import time
 import zipfile
@@ -43,6 +45,10 @@ def scaled(reply: Message, factor: float = 1.1) -> RecordDict:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     time.sleep(float(context.node_config.get("train-delay", 0)))  # a slow client (fault tests kill it meanwhile)
+    gate = str(context.node_config.get("train-gate", ""))
+    deadline = time.monotonic() + 300
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:  # held until a test opens the gate
+        time.sleep(0.05)
     reply = product.train(msg, context)
     kinds = str(context.node_config.get("misbehave", "")).split(",")
     if not kinds[0]:

@@ -35,7 +35,8 @@ def _task_processes(node: procs.ManagedProcess, table) -> set[int]:
     return found
 
 
-def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool, out: dict) -> None:
+def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool, out: dict,
+                        gate: Path | None = None) -> None:
     """Thread: once SuperNode ``partition`` has had a ClientApp process alive for ``MIN_AGE`` s (its round-1
     training, slowed down by ``_slow_node``), signal its whole process group, then maybe restart it. The message
     was pulled, so the node's reply can no longer arrive."""
@@ -57,16 +58,23 @@ def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool
     out["killed"] = True
     if restart:
         fed.start_supernode(partition, fed.num_partitions)  # rejoin: the same command (and key) again
+    if gate is not None:  # open the others' gate once the SuperLink lists every node online again
+        deadline = time.monotonic() + 180
+        while sorted(fed.node_ids()) != out["ids_before"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        gate.touch()
 
 
 def _slow_victim(fed: Federation, out: dict, partition: int, sig: int, restart: bool,
-                 others_delay: float | None = None) -> None:
-    """on_start part: make ``partition``'s node slow (and the others ``others_delay`` s slow, when given, so that
-    the round outlasts the victim's restart), wait for the 4 nodes, start the killer thread."""
-    delays = {p: others_delay for p in fed.supernodes if others_delay is not None}
-    _slow_nodes(fed, {**delays, partition: TRAIN_DELAY})
+                 gate: Path | None = None) -> None:
+    """on_start part: make ``partition``'s node slow (and, with a ``gate`` file, hold the others' round-1 training
+    until the killer thread has seen the victim back online, so round 2 finds it), wait for the 4 nodes, start the
+    killer thread."""
+    _slow_nodes(fed, {partition: {"train-delay": str(TRAIN_DELAY)}, **({p: {"train-gate": str(gate)}
+                                                                         for p in fed.supernodes if p != partition}
+                                                                        if gate else {})})
     out["ids_before"] = sorted(fed.wait_nodes(4))
-    threading.Thread(target=_kill_when_training, args=(fed, partition, sig, restart, out), daemon=True).start()
+    threading.Thread(target=_kill_when_training, args=(fed, partition, sig, restart, out, gate), daemon=True).start()
 
 
 def _watch(fed: Federation, out: dict) -> Callable[[str], None]:
@@ -81,15 +89,15 @@ def _watch(fed: Federation, out: dict) -> Callable[[str], None]:
     return on_line
 
 
-def _slow_nodes(fed: Federation, delays: dict[int, float]) -> None:
-    """Restart SuperNodes so that partition p trains ``delays[p]`` s longer (test ClientApp ``train-delay``): a
-    warm-worker ClientApp trains this tiny model in a fraction of a second, too fast to be killed mid-round."""
-    nodes = [fed.supernodes[p] for p in delays]
+def _slow_nodes(fed: Federation, settings: dict[int, dict[str, str]]) -> None:
+    """Restart SuperNodes with the test ClientApp's ``train-delay`` / ``train-gate`` node config: a warm-worker
+    ClientApp trains this tiny model in a fraction of a second, too fast to be killed mid-round."""
+    nodes = [fed.supernodes[p] for p in settings]
     for node in nodes:
         node.signal(signal.SIGTERM)
     procs.wait_gone(nodes, fed.options.stop_timeout)
-    for p, seconds in delays.items():
-        fed.start_supernode(p, fed.num_partitions, fed.data_root, extra_node_config={"train-delay": str(seconds)})
+    for p, extra in settings.items():
+        fed.start_supernode(p, fed.num_partitions, fed.data_root, extra_node_config=extra)
 
 
 def deploy_and_check_cleanup(cfg, run_dir, on_line, on_start):
@@ -108,8 +116,8 @@ def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, misbehavin
                             f"deploy.app_dir={misbehaving_app_dir}"))
     out: dict = {}
 
-    def on_start(fed: Federation) -> None:  # the others train 12 s: round 2 starts after the restarted node is back
-        _slow_victim(fed, out, 1, signal.SIGTERM, True, others_delay=12.0)
+    def on_start(fed: Federation) -> None:  # the others wait for the restarted node: round 2 finds it back
+        _slow_victim(fed, out, 1, signal.SIGTERM, True, gate=tmp_path / "gate")
         out["on_line"] = _watch(fed, out)
 
     result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start)
