@@ -68,6 +68,8 @@ def test_killed_and_resumed_batched_run_is_bitwise_the_same(tiny_data, tmp_path)
     ("engine.name=warp", "engine.name"),
     ("engine.chunk_size=0", "engine.chunk_size"),
     ("engine.vectorize=maybe", "engine.vectorize"),
+    ("engine.workers=0", "engine.workers"),
+    ("engine.device=tpu", "engine.device"),
     ("backend.address=auto", "engine=batched"),
 ])
 def test_bad_engine_settings_exit_2_before_any_work(tiny_data, tmp_path, override, message):
