@@ -85,6 +85,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     grid = ProgressGrid(grid, poll_interval=0.1 if fast else float(getattr(grid, "pull_interval", 3.0)),
                         report_every=float(cfg.get("progress_every", 10)))
     num_rounds, eval_every, ckpt_every = int(cfg["num_rounds"]), int(cfg["eval_every"]), int(cfg["checkpoint_every"])
+    eval_from = num_rounds - int(cfg.get("eval_tail", 0))  # every round after this one is evaluated
 
     dataset = build.server_dataset(cfg)
     strategy = build.build_strategy(cfg, num_train=build.train_size(dataset))
@@ -133,7 +134,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "num_reassigned": int(_metric(metrics, "num-reassigned") or 0),
         }
         diverged = _divergence(strategy)
-        if not diverged and (rnd % eval_every == 0 or rnd == num_rounds):
+        if not diverged and (rnd % eval_every == 0 or rnd > eval_from):
             row.update(evaluator.metrics(arrays))
             if not math.isfinite(row["loss"]):
                 diverged = f"the test loss of the global model is {row['loss']}"

@@ -81,6 +81,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     num_clients = _positive_int(cfg, "num_clients")
     _positive_int(cfg, "seed", 0)
     _positive_int(cfg, "eval_every")
+    if "eval_tail" in cfg:
+        _positive_int(cfg, "eval_tail", 0)
     _positive_int(cfg, "checkpoint_every")
     _positive_int(cfg, "eval_max_examples", 0)
     progress = cfg.get("progress_every", 10)

@@ -55,6 +55,7 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["num_clients=10", "participation.fraction=0.25"], "participation.fraction"),
         (["participation=uniform", "participation.fraction=0.01"], "participation.fraction"),
         (["num_rounds=0"], "num_rounds"),
+        (["eval_tail=-1"], "eval_tail"),
         (["data.alpha=-1"], "data.alpha"),
         (["client.batch_size=0"], "client.batch_size"),
         (["data=cifar10", "data.download=false", "data.root=/nonexistent"], "data.root"),
