@@ -119,3 +119,30 @@ def test_models_with_buffers_are_refused():
     assert can_stack(build_model("resnet20")) and can_stack(build_model("cnn"))
     with pytest.raises(ValueError, match="only trainable parameters"):
         stacked_local_train(torch.nn.BatchNorm1d(3), [], MEAN, STD, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("augment", [False, True])
+@pytest.mark.parametrize("loss_before_batches", [0, 1, -1])
+@pytest.mark.parametrize("algorithm", ["fedavgm", "localupdate", "ghbm"])
+def test_closed_form_logreg_equals_vmap_and_the_loop(float64, monkeypatch, algorithm, loss_before_batches, augment):
+    """Logistic regression trains through client/linear.py's closed-form gradient; in float64 it equals the
+    one-client loop and the generic vmap chunk to 1e-12 (arrays, loss-before, train-loss)."""
+    import client.stacked as stacked
+    from client.linear import LinearChunk
+
+    model = build_model("logreg")
+    assert stacked._chunk_class(model) is LinearChunk and stacked._chunk_class(build_model("cnn")) is stacked._Chunk
+    clients = _clients(algorithm, model, np.random.default_rng(5), weight_decay=1e-3, augment=augment,
+                       loss_before_batches=loss_before_batches)
+    expected = _sequential("logreg", clients)
+    closed = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
+    monkeypatch.setattr(stacked, "_chunk_class", lambda m: stacked._Chunk)
+    generic = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
+    for e, c, g in zip(expected, closed, generic):
+        for k in e.arrays:
+            scale = max(float(e.arrays[k].abs().max()), 1e-12)
+            assert float((c.arrays[k] - e.arrays[k]).abs().max()) <= 1e-12 * scale, k
+            assert float((c.arrays[k] - g.arrays[k]).abs().max()) <= 1e-12 * scale, k
+        for key in ("loss-before", "train-loss"):
+            assert c.metrics[key] == pytest.approx(e.metrics[key], rel=1e-12), key
+        assert c.metrics["num-steps"] == e.metrics["num-steps"]

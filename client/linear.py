@@ -1,0 +1,63 @@
+"""Stacked local training of logistic regression with its gradient in closed form.
+
+For ``softmax(W x + b)`` and the mean cross-entropy over a client's real rows (mask m, count n), the gradient
+with respect to the logits is G = (softmax(z) − onehot(y)) · m / n, so ∇W = Gᵀ X and ∇b = Σ_rows G: two batched
+matrix products per step for all clients of a chunk, where ``vmap(grad(...))`` of :mod:`client.stacked` traces
+autograd every step (measured in docs/benchmarks.md). Everything else (batches, masks, update rules, loss-before
+on the same examples) is :class:`client.stacked._Chunk`'s; tests/client/test_stacked.py checks both against the
+one-client loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from client.models import LogisticRegression
+from client.stacked import _Chunk
+from client.train import loss_before_indices
+
+WEIGHT, BIAS = "linear.weight", "linear.bias"
+
+
+def is_linear(model: nn.Module) -> bool:
+    """Whether ``model`` is :class:`client.models.LogisticRegression` (a linear layer on flattened inputs)."""
+    return type(model) is LogisticRegression
+
+
+def logits(weight: torch.Tensor, bias: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+    """(A, B, C) logits of A clients' (A, B, ...) inputs under their (A, C, D) weights and (A, C) biases."""
+    return torch.baddbmm(bias.unsqueeze(1), xs.flatten(2), weight.transpose(1, 2))
+
+
+class LinearChunk(_Chunk):
+    """A chunk of logistic-regression clients: closed-form gradients and one matrix product per client for
+    loss-before."""
+
+    def _grads(self, params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tensor, masks: torch.Tensor
+               ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        with torch.no_grad():
+            x = xs.flatten(2)
+            z = logits(params[WEIGHT], params[BIAS], x)
+            log_p = F.log_softmax(z, dim=-1)
+            ce = -log_p.gather(-1, ys.unsqueeze(-1)).squeeze(-1)
+            weight = masks.to(z.dtype) / masks.sum(1, keepdim=True).to(z.dtype)  # m / n per row
+            losses = (torch.where(masks, ce, torch.zeros_like(ce)) * weight).sum(1)
+            g = log_p.exp()
+            g.scatter_add_(-1, ys.unsqueeze(-1), -torch.ones_like(ys, dtype=z.dtype).unsqueeze(-1))
+            g.mul_(weight.unsqueeze(-1))
+            return {WEIGHT: torch.bmm(g.transpose(1, 2), x), BIAS: g.sum(1)}, losses
+
+    def loss_before(self) -> list[float]:
+        out = []
+        with torch.no_grad():
+            for i, (c, gen, steps) in enumerate(zip(self.clients, self.generators, self.steps)):
+                idx = loss_before_indices(len(c.y), self.cfg.batch_size, steps, self.cfg.loss_before_batches, gen)
+                rows = np.arange(len(c.y)) if idx is None else idx
+                x = self.plain[i] if idx is None else self.batch(i, idx, augment=False)
+                target = self.y[i] if idx is None else self.y[i][torch.from_numpy(rows).to(self.device)]
+                z = F.linear(x.flatten(1), self.params[WEIGHT][i], self.params[BIAS][i])
+                out.append(float(F.cross_entropy(z, target, reduction="sum")) / len(rows))
+        return out
