@@ -197,6 +197,9 @@ class Evaluator:
         """Metrics-row entries: ``loss``, ``accuracy`` and, with ``eval_train``, ``pop_loss``, ``pop_accuracy``
         (and with ``eval_gap``, ``pop_gap``)."""
         row = dict(zip(("loss", "accuracy"), self(arrays)))
+        if self.gap is not None and not self.per_client_max:  # every example: f's float64 pass gives all three
+            row.update(self.gap.with_population({k: v.numpy() for k, v in arrays.items()}))
+            return row
         if self.partitions is not None:
             row.update(zip(("pop_loss", "pop_accuracy"), self.population(arrays)))
         if self.gap is not None:

@@ -91,6 +91,20 @@ def test_value_is_the_runs_pop_loss_plus_the_weight_decay_term(problem):
     assert obj.value(w32) == pytest.approx(pop_loss + 0.5 * MU * float(w32 @ w32), rel=1e-6)
 
 
+def test_gap_runs_take_pop_loss_and_accuracy_from_the_float64_pass(problem, solution):
+    """With eval_gap, the metrics row's pop_loss and pop_accuracy come from f's float64 logits (one pass): they
+    equal the float32 per-client evaluation to float32 precision, and pop_gap + f* − pop_loss is (μ/2)‖w‖²."""
+    cfg, ds, obj = problem
+    w = random_w(obj, 3)
+    arrays = ArrayRecord({k: torch.from_numpy(a.astype(np.float32)) for k, a in obj.arrays(w).items()})
+    with_gap = Evaluator({**cfg, "eval_gap": True, "eval_fstar": solution.f_star}, ds)
+    row, float32 = with_gap.metrics(arrays), with_gap.population(arrays)
+    assert row["pop_loss"] == pytest.approx(float32[0], rel=1e-6)
+    assert row["pop_accuracy"] == pytest.approx(float32[1], abs=1e-12)
+    w32 = obj.flatten({k: v.numpy() for k, v in arrays.items()})
+    assert row["pop_gap"] + solution.f_star - row["pop_loss"] == pytest.approx(0.5 * MU * float(w32 @ w32), rel=1e-9)
+
+
 def test_solution_is_a_true_minimiser(problem, solution):
     """‖∇f(w*)‖ ≤ 1e-8 recomputed here, and f(w* + d) > f(w*) for every direction: f is μ-strongly convex, so
     f(w* + d) − f(w*) ≥ −‖∇f‖‖d‖ + (μ/2)‖d‖², > 0 for ‖d‖ > 2‖∇f‖/μ = 2e-6 — checked with margin at 1e-3 and 1e-1."""
