@@ -8,8 +8,20 @@ import signal
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
-from deploy_helpers import BIN, ENV, ROOT, LineReader, assert_same_model, flower_processes, overrides, rows, run_cli
+from deploy_helpers import (
+    BIN,
+    ENV,
+    ROOT,
+    LineReader,
+    assert_same_model,
+    final_model,
+    flower_processes,
+    overrides,
+    rows,
+    run_cli,
+)
 
 from client.threads import local_share, usable_cores
 
@@ -99,3 +111,24 @@ def test_invalid_config_starts_nothing(deploy_data, tmp_path):
     proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, "deploy.auth=true"), timeout=60)
     assert proc.returncode == 2 and "deploy.auth" in proc.stdout
     assert not (run_dir / "deploy").exists()
+
+
+def test_logreg_deploys_and_equals_the_batched_engine(deploy_data, tmp_path):
+    """``model=logreg`` (issue 16) runs on flower-deploy's real SuperNodes; the batched engine trains the same
+    clients stacked with closed-form gradients (client/linear.py) and reaches the same model within float32
+    summation order (normwise relative 1e-5, the bound of tests/server/test_batched_engine.py)."""
+    extra = ("model=logreg", "client.augment=false", "client.weight_decay=1e-3")
+    deploy_dir, batched_dir = tmp_path / "deploy", tmp_path / "batched"
+    proc = run_cli("flower-deploy", overrides(deploy_data, deploy_dir, *extra), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert not flower_processes(deploy_dir / "deploy" / "flwr_home")
+    proc = run_cli("flower-simulation", overrides(deploy_data, batched_dir, *extra, "engine=batched"), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    deployed, batched = final_model(deploy_dir), final_model(batched_dir)
+    assert list(deployed) == ["linear.weight", "linear.bias"] == list(batched)
+    assert any(np.abs(v).max() > 0 for v in deployed.values())  # it trained (zero init)
+    for key in deployed:
+        scale = float(np.abs(deployed[key]).max())
+        assert float(np.abs(batched[key] - deployed[key]).max()) <= 1e-5 * scale, key
+    replies = [[r["num_replies"] for r in rows(path)[1:]] for path in (deploy_dir, batched_dir)]
+    assert replies == [[2, 2], [2, 2]]
