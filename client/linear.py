@@ -28,8 +28,9 @@ def is_linear(model: nn.Module) -> bool:
 
 
 def logits(weight: torch.Tensor, bias: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
-    """(A, B, C) logits of A clients' (A, B, ...) inputs under their (A, C, D) weights and (A, C) biases."""
-    return torch.baddbmm(bias.unsqueeze(1), xs.flatten(2), weight.transpose(1, 2))
+    """(A, C, B) logits, classes first, of A clients' (A, B, ...) inputs under their (A, C, D) weights and (A, C)
+    biases: ``bmm(W, Xᵀ)`` reads both operands in their stored layout (measured faster than ``X Wᵀ``)."""
+    return torch.bmm(weight, xs.flatten(2).transpose(1, 2)) + bias.unsqueeze(2)
 
 
 class LinearChunk(_Chunk):
@@ -40,15 +41,15 @@ class LinearChunk(_Chunk):
                ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         with torch.no_grad():
             x = xs.flatten(2)
-            z = logits(params[WEIGHT], params[BIAS], x)
-            log_p = F.log_softmax(z, dim=-1)
-            ce = -log_p.gather(-1, ys.unsqueeze(-1)).squeeze(-1)
+            z = logits(params[WEIGHT], params[BIAS], x)  # (A, C, B)
+            log_p = F.log_softmax(z, dim=1)
+            ce = -log_p.gather(1, ys.unsqueeze(1)).squeeze(1)  # (A, B)
             weight = masks.to(z.dtype) / masks.sum(1, keepdim=True).to(z.dtype)  # m / n per row
             losses = (torch.where(masks, ce, torch.zeros_like(ce)) * weight).sum(1)
             g = log_p.exp()
-            g.scatter_add_(-1, ys.unsqueeze(-1), -torch.ones_like(ys, dtype=z.dtype).unsqueeze(-1))
-            g.mul_(weight.unsqueeze(-1))
-            return {WEIGHT: torch.bmm(g.transpose(1, 2), x), BIAS: g.sum(1)}, losses
+            g.scatter_add_(1, ys.unsqueeze(1), -torch.ones_like(ys, dtype=z.dtype).unsqueeze(1))
+            g.mul_(weight.unsqueeze(1))  # dL/dz, (A, C, B)
+            return {WEIGHT: torch.bmm(g, x), BIAS: g.sum(2)}, losses
 
     def loss_before(self) -> list[float]:
         out = []
