@@ -208,8 +208,8 @@ def _amplitude_metric(args: argparse.Namespace, columns: set[str]) -> str | None
     return metric
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """``flower-report SWEEP_DIR...``: report.md/csv, curves.png and heatmap.png of a Hydra multirun."""
+def build_parser() -> argparse.ArgumentParser:
+    """flower-report's command line (also used by benchmarks/convex_study.py)."""
     parser = argparse.ArgumentParser(prog="flower-report", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dirs", nargs="+", type=Path, help="Hydra multirun folder(s) (hydra.sweep.dir)")
     parser.add_argument("--metric", help="reported metric (default: pop_loss when present, else loss)")
@@ -232,6 +232,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "fraction of cyclic runs)")
     parser.add_argument("--cycles", type=int, help="M: amplitude over the last M full cycles (default: every full "
                         "cycle of per-round evaluations at the end, eval_tail)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``flower-report SWEEP_DIR...``: report.md/csv, curves.png and heatmap.png of a Hydra multirun."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         written = build_report(args)
