@@ -2,7 +2,10 @@
 
 For every combination of the other swept keys, the runs with KEY=A and KEY=B are matched by seed and compared on
 the final value and the last-K mean of the metric: d_s = B_s − A_s, their mean, 95 % CI and the paired t-test
-p-value. Bad input is a :class:`ReportError` (exit 2): a spec that is not KEY=VALUE, two different keys, a key that
+p-value. ``--compare KEY=A KEY=B KEY=C ...`` compares every later value against A. The other swept keys that have
+one value on each side (e.g. each method's own tuned learning rates) go with KEY and do not split the pairs;
+``--pair-by KEY2 ...`` names the keys that do instead.
+Bad input is a :class:`ReportError` (exit 2): a spec that is not KEY=VALUE, two different keys, a key that
 was not swept, a value no run has, seeds that appear twice or only on one side, fewer than 2 seeds. A seed whose run
 of either side diverged or did not finish leaves its pair out (the row says so); fewer than 2 pairs left: no test.
 """
@@ -30,23 +33,36 @@ class Comparison:
     notes: dict[str, str] = field(default_factory=dict)
 
 
-def parse(specs: Sequence[str], runs: Sequence[Run], swept: Sequence[str]) -> tuple[str, str, str]:
-    """(KEY, A, B) of ``--compare KEY=A KEY=B``."""
+def parse(specs: Sequence[str], runs: Sequence[Run], swept: Sequence[str]) -> tuple[str, str, list[str]]:
+    """(KEY, A, [B, ...]) of ``--compare KEY=A KEY=B [KEY=C ...]``."""
     parts = [spec.partition("=") for spec in specs]
-    if len(parts) != 2 or any(not k or not sep or not v for k, sep, v in parts):
-        raise ReportError(f"--compare takes two KEY=VALUE, got {' '.join(specs)}")
-    (key, _, a), (key_b, _, b) = parts
-    if key != key_b:
-        raise ReportError(f"--compare: both sides must set the same key, got '{key}' and '{key_b}'")
+    if len(parts) < 2 or any(not k or not sep or not v for k, sep, v in parts):
+        raise ReportError(f"--compare takes two or more KEY=VALUE, got {' '.join(specs)}")
+    key, _, a = parts[0]
+    for other, _, _ in parts[1:]:
+        if other != key:
+            raise ReportError(f"--compare: both sides must set the same key, got '{key}' and '{other}'")
     check_keys(runs, swept, [key], "--compare")
-    if normalise(a) == normalise(b):
-        raise ReportError(f"--compare: both sides are {key}={a}")
+    bs = [v for _, _, v in parts[1:]]
+    for b in bs:
+        if normalise(a) == normalise(b):
+            raise ReportError(f"--compare: both sides are {key}={a}")
+    if len({normalise(b) for b in bs}) < len(bs):
+        raise ReportError(f"--compare: a value is given twice in {' '.join(specs)}")
     values = {normalise(r.params.get(key)) for r in runs}
-    for value in (a, b):
+    for value in (a, *bs):
         if normalise(value) not in values:
             raise ReportError(f"--compare: no run has {key}={value} (values: "
                               f"{', '.join(sorted(map(str, values)))})")
-    return key, a, b
+    return key, a, bs
+
+
+def pair_keys(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str) -> list[str]:
+    """The swept keys other than ``key`` that split the pairs: those with more than one value on side A or B
+    (a key with one value per side, e.g. a method's own tuned learning rate, belongs to the compared value)."""
+    sides = [[r for r in runs if normalise(r.params.get(key)) == normalise(v)] for v in (a, b)]
+    return [k for k in keys if k != key
+            and any(len({normalise(r.params.get(k)) for r in side}) > 1 for side in sides)]
 
 
 def _by_seed(runs: Sequence[Run], side: str) -> dict:
@@ -58,11 +74,13 @@ def _by_seed(runs: Sequence[Run], side: str) -> dict:
     return out
 
 
-def compare(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str, metric: str, last: int
-            ) -> list[Comparison]:
+def compare(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str, metric: str, last: int,
+            pair_by: Sequence[str] | None = None) -> list[Comparison]:
     """Paired comparisons of B against A on ``metric`` (final value and last-``last`` mean), one per combination
-    of the swept keys other than ``key`` and the seed."""
-    others = [k for k in keys if k != key]
+    of the pairing keys (``pair_by``, default :func:`pair_keys`)."""
+    others = list(pair_by) if pair_by is not None else pair_keys(runs, keys, key, a, b)
+    if key in others:
+        raise ReportError(f"--pair-by: '{key}' is the compared key")
     groups: dict[tuple, dict[str, list[Run]]] = {}
     for run in runs:
         value = normalise(run.params.get(key))
@@ -122,15 +140,17 @@ def markdown(comparisons: Sequence[Comparison], key: str, a: str, b: str, metric
     return lines
 
 
-def write_csv(path: Path, comparisons: Sequence[Comparison], key: str, a: str, b: str, last: int) -> None:
-    """compare.csv: one row per group and kind (final, last<K>) with n, mean difference, CI half-width, t, p."""
-    others = list(comparisons[0].group) if comparisons else []
+def write_csv(path: Path, by_b: dict[str, Sequence[Comparison]], key: str, a: str, last: int) -> None:
+    """compare.csv: one row per compared value B, group and kind (final, last<K>) with n, mean difference, CI
+    half-width, t, p; the pairing keys of every B in one ``group`` column (KEY=VALUE; ...)."""
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*others, "key", "a", "b", "value", "n", "mean_diff", "ci95", "t", "p", "note"])
-        for c in comparisons:
-            for kind in KINDS:
-                r = c.results[kind]
-                stats = ["", "", "", ""] if r is None else [repr(r.mean), repr(r.ci), repr(r.t), repr(r.p)]
-                writer.writerow([*c.group.values(), key, a, b, kind if kind == "final" else f"last{last}",
-                                 r.n if r else 0, *stats, c.notes.get(kind, "")])
+        writer.writerow(["group", "key", "a", "b", "value", "n", "mean_diff", "ci95", "t", "p", "note"])
+        for b, comparisons in by_b.items():
+            for c in comparisons:
+                group = "; ".join(f"{k}={v}" for k, v in c.group.items())
+                for kind in KINDS:
+                    r = c.results[kind]
+                    stats = ["", "", "", ""] if r is None else [repr(r.mean), repr(r.ci), repr(r.t), repr(r.p)]
+                    writer.writerow([group, key, a, b, kind if kind == "final" else f"last{last}",
+                                     r.n if r else 0, *stats, c.notes.get(kind, "")])

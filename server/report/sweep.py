@@ -11,9 +11,11 @@ average training loss over the last 100 rounds"). ``--select`` picks, for every 
 keys (``--best-per``), the value(s) of the selected keys with the best last-K mean: seed 001's tuned eta for each
 gamma. Runs that diverged (exit 3, ``status.json``), stopped early, never aggregated a reply or lack the metric
 are listed as such; a configuration with such a run is never selected.
-``--compare KEY=A KEY=B`` adds paired differences B − A over matched seeds (:mod:`server.report.compare`).
-Outputs in ``--out`` (default: the first sweep dir): report.md, report.csv, curves.png, heatmap.png (``--grid``),
-compare.csv (``--compare``).
+``--compare KEY=A KEY=B [KEY=C ...]`` adds paired differences B − A over matched seeds (:mod:`server.report.compare`).
+``--amplitude`` (implied by ``--period``/``--cycles``) adds the amplitude of the period-p oscillation over the last
+cycles (:mod:`server.report.oscillation`). Outputs in ``--out`` (default: the first sweep dir): report.md,
+report.csv, curves.png, gap_curves.png (when the runs have pop_gap), heatmap.png (``--grid``), compare.csv
+(``--compare``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from server.report import compare as compare_lib
+from server.report import oscillation
 from server.report.runs import (
     AVERAGED,
     FINISHED,
@@ -69,8 +72,15 @@ def _fmt(stat: Summary | None) -> str:
 AGGREGATES = ("mean", "std", "ci95", "n")  # report.csv columns of every figure: std ddof = 0, ci95 = t half-width
 
 
-def write_csv(path: Path, configs: Sequence[Config], keys: Sequence[str], metrics: Sequence[str], last: int) -> None:
+def _cells(stat: Summary | None) -> list:
+    return [""] * len(AGGREGATES) if stat is None else \
+        [repr(stat.mean), repr(stat.std), "" if stat.ci is None else repr(stat.ci), stat.n]
+
+
+def write_csv(path: Path, configs: Sequence[Config], keys: Sequence[str], metrics: Sequence[str], last: int,
+              amplitude: str | None = None) -> None:
     stat_cols = [f"{m}_{kind}_{agg}" for m in metrics for kind in ("final", f"last{last}") for agg in AGGREGATES]
+    stat_cols += [f"{amplitude}_amplitude_{agg}" for agg in AGGREGATES] if amplitude else []
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*keys, "runs", *STATUSES, *stat_cols, "selected", "note"])
@@ -79,15 +89,14 @@ def write_csv(path: Path, configs: Sequence[Config], keys: Sequence[str], metric
             stats = []
             for m in metrics:
                 for kind in ("final", "last"):
-                    stat = c.stats[f"{m}_{kind}"]
-                    stats += [""] * len(AGGREGATES) if stat is None else \
-                        [repr(stat.mean), repr(stat.std), "" if stat.ci is None else repr(stat.ci), stat.n]
+                    stats += _cells(c.stats[f"{m}_{kind}"])
+            stats += _cells(c.stats["amplitude"]) if amplitude else []
             writer.writerow([*(c.values[k] for k in keys), len(c.runs), *counts, *stats, c.selected, c.note])
 
 
 def write_markdown(path: Path, args: argparse.Namespace, runs: Sequence[Run], configs: Sequence[Config],
                    keys: Sequence[str], best: list[dict] | None, figures: Sequence[str],
-                   compared: list[str] | None = None) -> None:
+                   compared: list[str] | None = None, extra: list[str] | None = None) -> None:
     m, k = args.metric, args.last
     lines = [f"# flower-report: {', '.join(map(str, args.sweep_dirs))}", "",
              f"{len(runs)} runs, {len(configs)} configurations (swept: {', '.join(keys) or 'none'}; "
@@ -114,6 +123,7 @@ def write_markdown(path: Path, args: argparse.Namespace, runs: Sequence[Run], co
             lines.append(f"| {' | '.join([*item['group'].values(), *chosen])} | "
                          f"{_fmt(b.stats[f'{crit}_last']) if b else '—'} | {_fmt(b.stats[f'{m}_final']) if b else '—'} "
                          f"| {item['excluded']} of {item['candidates']} |")
+    lines += extra or []
     lines += compared or []
     bad = [r for r in runs if r.status != FINISHED]
     if bad:
@@ -146,11 +156,19 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     check_keys(runs, swept, args.select or [], "--select")
     check_keys(runs, swept, args.grid or [], "--grid")
     comparisons = None
+    if args.pair_by is not None and not args.compare:
+        raise ReportError("--pair-by needs --compare")
     if args.compare:
-        key, a, b = compare_lib.parse(args.compare, runs, swept)
-        comparisons = compare_lib.compare(runs, keys, key, a, b, args.metric, args.last)
+        key, a, bs = compare_lib.parse(args.compare, runs, swept)
+        if args.pair_by:
+            check_keys(runs, swept, args.pair_by, "--pair-by")
+        comparisons = {b: compare_lib.compare(runs, keys, key, a, b, args.metric, args.last, args.pair_by)
+                       for b in bs}
     metrics = list(dict.fromkeys([args.metric, args.criterion]))
     configs = configurations(runs, keys, metrics, args.last)
+    amp_metric, amp_info = _amplitude_metric(args, columns), None
+    if amp_metric:
+        amp_info = oscillation.amplitudes(configs, amp_metric, args.period, args.cycles)
     best = None
     if args.best_per or args.select:
         args.select = args.select or [k for k in keys if k not in (args.best_per or [])]
@@ -161,21 +179,37 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     shown = [b["best"] for b in best if b["best"]] if best is not None else list(configs)
     figures = [report_plots.plot_curves(out / "curves.png", shown, keys, args.metric)]
+    if "pop_gap" in columns:
+        zoom = max(amp_info["period"]) * max(amp_info["cycles"]) if amp_info and amp_info["period"] else None
+        figures.append(report_plots.plot_gap_curves(out / "gap_curves.png", shown, keys, "pop_gap", zoom))
     if args.grid:
         figures.append(report_plots.plot_heatmap(out / "heatmap.png", configs, args.grid, args.criterion,
                                                  args.minimize_criterion, args.last))
     compared, written = None, []
     if comparisons is not None:
-        compared = compare_lib.markdown(comparisons, key, a, b, args.metric, args.last)
-        compare_lib.write_csv(out / "compare.csv", comparisons, key, a, b, args.last)
+        compared = [line for b, found in comparisons.items()
+                    for line in compare_lib.markdown(found, key, a, b, args.metric, args.last)]
+        compare_lib.write_csv(out / "compare.csv", comparisons, key, a, args.last)
         written.append(out / "compare.csv")
-    write_csv(out / "report.csv", configs, keys, metrics, args.last)
-    write_markdown(out / "report.md", args, runs, configs, keys, best, [f.name for f in figures], compared)
+    write_csv(out / "report.csv", configs, keys, metrics, args.last, amp_metric)
+    extra = oscillation.markdown(configs, keys, amp_metric, amp_info) if amp_metric else None
+    write_markdown(out / "report.md", args, runs, configs, keys, best, [f.name for f in figures], compared, extra)
     return [out / "report.md", out / "report.csv", *written, *figures]
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """``flower-report SWEEP_DIR...``: report.md/csv, curves.png and heatmap.png of a Hydra multirun."""
+def _amplitude_metric(args: argparse.Namespace, columns: set[str]) -> str | None:
+    """The metric of the oscillation amplitude (None: not asked): --amplitude's, else pop_gap when present."""
+    if args.amplitude is None and args.period is None and args.cycles is None:
+        return None
+    metric = args.amplitude or ("pop_gap" if "pop_gap" in columns else args.metric)
+    if metric not in columns:
+        raise ReportError(f"--amplitude: metric '{metric}' is in no run's metrics "
+                          f"(columns: {', '.join(sorted(columns))})")
+    return metric
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """flower-report's command line (also used by benchmarks/convex_study.py)."""
     parser = argparse.ArgumentParser(prog="flower-report", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dirs", nargs="+", type=Path, help="Hydra multirun folder(s) (hydra.sweep.dir)")
     parser.add_argument("--metric", help="reported metric (default: pop_loss when present, else loss)")
@@ -187,8 +221,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     crit.add_argument("--maximize", metavar="METRIC", help="selection criterion: largest last-K mean of METRIC")
     parser.add_argument("--grid", nargs=2, metavar=("X", "Y"), help="heatmap of two swept keys")
     parser.add_argument("--out", type=Path, help="output folder (default: the first sweep dir)")
-    parser.add_argument("--compare", nargs=2, metavar=("KEY=A", "KEY=B"),
-                        help="paired differences B − A of --metric over matched seeds: mean, 95%% CI, t-test p")
+    parser.add_argument("--compare", nargs="+", metavar="KEY=V",
+                        help="KEY=A KEY=B [KEY=C ...]: paired differences B − A (C − A, ...) of --metric over matched "
+                             "seeds: mean, 95%% CI, t-test p")
+    parser.add_argument("--pair-by", nargs="*", metavar="KEY", help="swept keys within which seeds are paired "
+                        "(default: those with several values on a side of --compare)")
+    parser.add_argument("--amplitude", nargs="?", const="", metavar="METRIC", help="oscillation amplitude of METRIC "
+                        "over the last cycles (default metric: pop_gap when present, else --metric)")
+    parser.add_argument("--period", type=int, help="the oscillation's period in rounds (default: 1/participation."
+                        "fraction of cyclic runs)")
+    parser.add_argument("--cycles", type=int, help="M: amplitude over the last M full cycles (default: every full "
+                        "cycle of per-round evaluations at the end, eval_tail)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``flower-report SWEEP_DIR...``: report.md/csv, curves.png and heatmap.png of a Hydra multirun."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         written = build_report(args)

@@ -43,14 +43,66 @@ def plot_curves(path: Path, configs: Sequence[Config], keys: Sequence[str], metr
         if curve is None:
             continue
         rounds, mean, half = curve
-        label = ", ".join(f"{k.split('.')[-1]}={config.values[k]}" for k in keys) or "all runs"
-        ax.plot(rounds, mean, label=f"{label} (n={sum(r.status == FINISHED for r in config.runs)})")
+        ax.plot(rounds, mean, label=_label(config, keys))
         ax.fill_between(rounds, mean - half, mean + half, alpha=0.2)
     ax.set_xlabel("round")
     ax.set_ylabel(f"{metric} (mean ± 95% CI over seeds)")
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _label(config: Config, keys: Sequence[str]) -> str:
+    label = ", ".join(f"{k.split('.')[-1]}={config.values[k]}" for k in keys) or "all runs"
+    return f"{label} (n={sum(r.status == FINISHED for r in config.runs)})"
+
+
+def _log_band(ax, rounds: np.ndarray, mean: np.ndarray, half: np.ndarray, label: str, floor: float) -> bool:
+    """One mean line with its CI band on a log axis. Means ≤ 0 are marked (▼) on ``floor``; band edges ≤ 0 are
+    clipped to ``floor``. Returns whether anything was clipped."""
+    pos = mean > 0
+    (line,) = ax.plot(rounds[pos], mean[pos], label=label)
+    low = mean - half
+    ax.fill_between(rounds, np.maximum(low, floor), np.maximum(mean + half, floor), alpha=0.2, color=line.get_color())
+    if not pos.all():
+        ax.plot(rounds[~pos], np.full((~pos).sum(), floor), "v", color=line.get_color(), markersize=4)
+    return bool((low <= 0).any() or not pos.all())
+
+
+def plot_gap_curves(path: Path, configs: Sequence[Config], keys: Sequence[str], metric: str = "pop_gap",
+                    zoom: int | None = None) -> Path:
+    """Seed 000 Figure 1 style: ``metric`` vs round on a log scale, mean ± 95 % CI over seeds per configuration
+    (left), and the last ``zoom`` rounds (default: the last 10 %) where the period-p oscillation shows (right).
+    Values ≤ 0 cannot be drawn on a log scale: means ≤ 0 are marked ▼ on the bottom edge and CI bands that reach
+    ≤ 0 are clipped there (the legend says so)."""
+    plt = _pyplot()
+    curves = [(c, mean_curve(c, metric)) for c in configs]
+    curves = [(c, curve) for c, curve in curves if curve is not None]
+    positive = np.concatenate([m[m > 0] for _, (_, m, _) in curves] + [np.array([])])
+    floor = float(positive.min()) / 3 if len(positive) else 1e-12
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    clipped = False
+    last_round = max((int(r[-1]) for _, (r, _, _) in curves), default=0)
+    start = last_round - (zoom or max(1, last_round // 10))
+    for config, (rounds, mean, half) in curves:
+        clipped |= _log_band(axes[0], rounds, mean, half, _label(config, keys), floor)
+        tail = rounds > start
+        if tail.any():
+            clipped |= _log_band(axes[1], rounds[tail], mean[tail], half[tail], _label(config, keys), floor)
+    for ax, title in ((axes[0], "all rounds"), (axes[1], f"last {last_round - start} rounds")):
+        ax.set_yscale("log")
+        ax.set_xlabel("round")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel(f"{metric} (mean ± 95% CI over seeds)")
+    if clipped:
+        axes[0].plot([], [], "v", color="grey", label=f"≤ 0: marked / band clipped at {floor:.2g}")
+    if axes[0].lines:
+        axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

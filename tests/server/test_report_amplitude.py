@@ -1,0 +1,125 @@
+"""flower-report's oscillation amplitude, gap_curves.png and multi-value --compare on synthetic runs with known
+answers (no simulation: job directories written by hand, as Hydra and the ServerApp would)."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import yaml
+from conftest import report
+from scipy import stats as scipy_stats
+
+from server.report.oscillation import cycle_amplitude
+
+P = 4  # cyclic participation with fraction 0.25
+
+
+def series(rounds: int, amp: float, floor: float, tail: int, every: int = 10):
+    """pop_gap = floor + amp * (phase / (P - 1)) within each cycle, evaluated every ``every`` rounds and every
+    round of the last ``tail``: the max − min of every cycle is exactly ``amp``."""
+    out = []
+    for t in range(rounds + 1):
+        if t == 0 or t % every == 0 or t > rounds - tail:
+            out.append({"round": t, "pop_gap": floor + amp * (((t - 1) % P) / (P - 1)), "loss": 1.0, "num_replies": 1})
+    return out
+
+
+def write_job(root, name, params: dict, rows, mode="cyclic", status="finished"):
+    job = root / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"{k}={v}" for k, v in params.items()]))
+    cfg = {"seed": params["seed"], "num_rounds": rows[-1]["round"], "participation": {"mode": mode, "fraction": 0.25}}
+    (job / "config.json").write_text(json.dumps(cfg))
+    (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (job / "status.json").write_text(json.dumps({"status": status, "round": rows[-1]["round"]}))
+    return job
+
+
+AMPS = {"a": [1.0, 2.0, 3.0], "b": [0.5, 0.5, 0.8], "c": [4.0, 4.0, 4.0]}  # per method, per seed 0, 1, 2
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    root = tmp_path / "sweep"
+    for method, amps in AMPS.items():
+        lr = {"a": 0.1, "b": 0.2, "c": 0.3}[method]  # each method's own "tuned" lr: goes with the method
+        for seed, amp in enumerate(amps):
+            write_job(root, f"{method}_s{seed}", {"+method": method, "strategy.client_lr": lr, "seed": seed},
+                      series(40, amp, 1e-3 * (seed + 1), tail=12))
+    return root
+
+
+def test_cycle_amplitude_known_answers():
+    rounds = np.arange(1, 21)
+    values = np.array([(t % 5) * (1 + (t > 10)) for t in rounds], dtype=float)  # period 5: spans 4,4 then 8,8
+    assert cycle_amplitude(rounds, values, 5) == (6.0, 4)
+    assert cycle_amplitude(rounds, values, 5, cycles=2) == (8.0, 2)
+    assert cycle_amplitude(rounds, values, 5, cycles=3) == (pytest.approx(20 / 3), 3)
+    # the tail evaluated from round 14 on only: cycles 15..20 -> one full cycle (16..20)
+    tail = rounds >= 14
+    assert cycle_amplitude(rounds[tail], values[tail], 5) == (8.0, 1)
+    with pytest.raises(ValueError, match="only 1 full cycle"):
+        cycle_amplitude(rounds[tail], values[tail], 5, cycles=2)
+    with pytest.raises(ValueError, match="no full cycle"):
+        cycle_amplitude(np.arange(10, 101, 10), np.ones(10), 5)
+    with pytest.raises(ValueError, match=">= 2"):
+        cycle_amplitude(rounds, values, 1)
+
+
+def test_report_amplitude_ci_figures_and_multi_compare(sweep, tmp_path):
+    out = tmp_path / "out"
+    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--amplitude", "--compare", "method=a", "method=b",
+                  "method=c", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    md = (out / "report.md").read_text()
+    assert "## Oscillation amplitude of pop_gap" in md and "period p = 4 rounds; cycles used: 3" in md
+    assert "## Paired comparison: method=b − method=a" in md and "## Paired comparison: method=c − method=a" in md
+    with open(out / "report.csv") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    for method, amps in AMPS.items():
+        x = np.array(amps)
+        assert float(rows[method]["pop_gap_amplitude_mean"]) == pytest.approx(x.mean(), rel=1e-12)
+        assert int(rows[method]["pop_gap_amplitude_n"]) == 3
+        if x.std() > 0:
+            low, high = scipy_stats.t.interval(0.95, 2, loc=x.mean(), scale=scipy_stats.sem(x))
+            assert float(rows[method]["pop_gap_amplitude_ci95"]) == pytest.approx((high - low) / 2, rel=1e-9)
+    with open(out / "compare.csv") as f:
+        found = list(csv.DictReader(f))
+    assert {r["b"] for r in found} == {"b", "c"} and all(r["group"] == "" for r in found)  # lr goes with method
+    for png in ("curves.png", "gap_curves.png"):
+        assert (out / png).stat().st_size > 0
+
+
+def test_gap_curves_with_values_at_or_below_zero(tmp_path):
+    root = tmp_path / "sweep"
+    for seed in (0, 1):
+        rows = series(40, 1.0, 0.0, tail=12)  # the first round of every cycle is at 0: clipped and marked
+        rows[-3]["pop_gap"] = -1e-10
+        write_job(root, f"s{seed}", {"seed": seed}, rows)
+    proc = report(root, "--metric", "pop_gap", "--cycles", "2", "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert "cycles used: 2" in (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "out" / "gap_curves.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, mode, tail, message",
+    [
+        (["--amplitude"], "cyclic", 0, "no full cycle of 4 consecutive evaluated rounds"),
+        (["--period", "1"], "cyclic", 12, "--period must be >= 2 rounds, got 1"),
+        (["--cycles", "0"], "cyclic", 12, "--cycles must be >= 1, got 0"),
+        (["--cycles", "5"], "cyclic", 12, "only 3 full cycle(s)"),
+        (["--amplitude"], "uniform", 12, "is not a cyclic run (participation.mode): give --period P"),
+        (["--amplitude", "accuracy"], "cyclic", 12, "--amplitude: metric 'accuracy' is in no run's metrics"),
+        (["--pair-by", "seed"], "cyclic", 12, "--pair-by needs --compare"),
+    ],
+)
+def test_bad_amplitude_input_exits_2_with_one_line(tmp_path, args, mode, tail, message):
+    root = tmp_path / "sweep"
+    for seed in (0, 1):
+        write_job(root, f"s{seed}", {"seed": seed}, series(40, 1.0, 0.1, tail=tail), mode=mode)
+    proc = report(root, *args, "--out", tmp_path / "out")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "out" / "report.md").exists()
