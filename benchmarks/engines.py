@@ -7,8 +7,8 @@ checkpoints only after the last round, so rounds are the clients' work plus the 
 the median of ``metrics.jsonl``'s ``seconds`` over rounds 2..R (round 1 warms up). The compute floor is the fastest
 plain loop over the same clients with no FL around it: ``client.train.local_train`` one client after another in
 this process (1 and all torch threads), the same in one process per core (1 thread each, clients spread over
-them), and for the linear model ``client.stacked.stacked_local_train`` of the round's clients at once; the best of
-those is the floor.
+them), and for the linear model ``client.stacked.stacked_local_train`` of the round's clients at once (its
+closed-form gradients, client/linear.py, and the generic vmap of autograd); the best of those is the floor.
 
     python benchmarks/engines.py --data ../shared/data/cifar10-jpeg.tar.gz            # all three models
     python benchmarks/engines.py --models logreg --rounds-logreg 300 --json out.json
@@ -81,16 +81,25 @@ def floor_seconds(model: str, rounds: int, data: Path, cache: Path) -> dict[str,
             times.append(time.perf_counter() - t0)
         return statistics.median(times[1:])
 
-    def stacked() -> float:
+    def stacked(generic: bool = False) -> float:
+        """Stacked training of the round's clients; ``generic``: vmap of autograd instead of the closed form."""
+        import client.stacked as stacked_module
+
         torch.set_num_threads(1)  # as the batched engine's stacked CPU steps
         initial = {k: v.numpy() for k, v in state.items()}
+        chosen = stacked_module._chunk_class
+        if generic:
+            stacked_module._chunk_class = lambda m: stacked_module._Chunk
         times = []
-        for rnd in range(1, rounds + 1):
-            t0 = time.perf_counter()
-            clients = [ClientInput(ds.x_train[parts[p]], ds.y_train[parts[p]], tc(p, rnd), initial)
-                       for p in schedule.clients_for_round(rnd)]
-            stacked_local_train(net, clients, ds.mean, ds.std, torch.device("cpu"))
-            times.append(time.perf_counter() - t0)
+        try:
+            for rnd in range(1, rounds + 1):
+                t0 = time.perf_counter()
+                clients = [ClientInput(ds.x_train[parts[p]], ds.y_train[parts[p]], tc(p, rnd), initial,
+                                       key=("bench", p)) for p in schedule.clients_for_round(rnd)]
+                stacked_local_train(net, clients, ds.mean, ds.std, torch.device("cpu"))
+                times.append(time.perf_counter() - t0)
+        finally:
+            stacked_module._chunk_class = chosen
         return statistics.median(times[1:])
 
     def processes(count: int) -> float:
@@ -113,7 +122,8 @@ def floor_seconds(model: str, rounds: int, data: Path, cache: Path) -> dict[str,
     if cores > 1:
         out[f"{cores} processes, 1 thread each"] = processes(cores)
     if model == "logreg" and can_stack(net):
-        out["stacked (vmap), 1 thread"] = stacked()
+        out["stacked (closed form), 1 thread"] = stacked()
+        out["stacked (vmap), 1 thread"] = stacked(generic=True)
     return out
 
 
