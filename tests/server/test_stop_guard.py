@@ -39,7 +39,8 @@ def test_sigterm_ends_the_run(tmp_path, main_thread):
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.5)
+        if main_thread == "holds-gil":
+            _wait_until_busy(proc.pid)  # the main thread is inside re.match (holding the GIL), not before it
         guards = _guards(proc.pid)
         assert len(guards) == (0 if main_thread == "no-guard" else 1), "one guard process per run"
         sent = time.monotonic()
@@ -58,6 +59,23 @@ def test_sigterm_ends_the_run(tmp_path, main_thread):
         assert proc.returncode == -signal.SIGKILL and "forced" in last
         assert stop.GUARD_GRACE <= took < stop.GUARD_GRACE + 5
     assert _gone(guards), "the guard outlived the run"
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of the process's main thread, in clock ticks."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _wait_until_busy(pid: int, ticks: int = 20, patience: float = 120.0) -> None:
+    """Wait until the main thread has used ``ticks`` clock ticks of CPU (0.2 s at 100 Hz) after printing "ready":
+    only the regex can take that long (a few bytecodes separate the print from it), so it is running then. An
+    event (CPU the thread spent), not a guess at how long its start takes on a loaded machine."""
+    start, deadline = _cpu_ticks(pid), time.monotonic() + patience
+    while _cpu_ticks(pid) - start < ticks:
+        assert time.monotonic() < deadline, "the main thread never started the regex"
+        time.sleep(0.01)
 
 
 def _gone(pids: list[int], patience: float = 30.0) -> bool:
