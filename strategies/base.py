@@ -234,6 +234,7 @@ class ServerOptStrategy(FedAvg):
             metrics["num-skipped"] = len(self.client_manager.skipped.get(server_round, []))
             metrics["num-refused"] = len(self.client_manager.refused.get(server_round, []))
             metrics["num-reassigned"] = len(self.client_manager.reassigned.get(server_round, []))
+            metrics["num-silent"] = len(self.client_manager.silent_rounds.get(server_round, ()))
         metrics["server-lr"] = server_lr
         if client_lr is not None:
             metrics["client-lr"] = client_lr
