@@ -218,6 +218,7 @@ class PartitionClientManager:
         self.owner[partition_id] = node_id
         self.node_to_partition = {n: p for n, p in self.node_to_partition.items() if p != partition_id}
         self.node_to_partition[node_id] = partition_id
+        log(INFO, "Round %d: node %s serves partition %d", self._round, node_id, partition_id)
 
     def note_replies(self, server_round: int, messages: Iterable[Message], replies: Iterable[Message]) -> None:
         """After a round's train exchange: a node whose message got no reply at all (not even an error) within

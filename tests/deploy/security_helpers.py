@@ -81,8 +81,22 @@ def runtime_port(proc: procs.ManagedProcess) -> int:
 
 
 def start_intruder(fed: Federation, name: str, security: list[str], node_config: str, home: Path,
-                   max_wait: float = 8.0) -> procs.ManagedProcess:
-    """A SuperNode that is no member of ``fed`` (own log, own FLWR_HOME, short connection budget)."""
+                   max_wait: float = 8.0, poll_interval: float | None = None) -> procs.ManagedProcess:
+    """A SuperNode that is no member of ``fed`` (own log, own FLWR_HOME, short connection budget), polling
+    every ``poll_interval`` s (default: the federation's)."""
     cmd = [*fed.supernode_command(node_config, security), "--max-wait-time", str(max_wait)]
+    if poll_interval is not None:
+        cmd[cmd.index("--poll-interval") + 1] = str(poll_interval)
+    env = {**fed.env, "FLWR_HOME": str(home)}
+    return procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir).start()
+
+
+def start_silent_node(fed: Federation, name: str, node_config: str, home: Path) -> procs.ManagedProcess:
+    """A registered SuperNode that joins but never runs a ClientApp: Flower's stock ``flower-supernode`` with
+    ``--isolation process`` and no SuperExec, so the messages it pulls are never answered."""
+    cmd = [procs.executable("flower-supernode"), "--root-certificates", str(fed.ca_cert),
+           "--auth-supernode-private-key", str(fed.node_key(name).private), "--superlink", fed.fleet_address,
+           "--isolation", "process", "--host", "127.0.0.1", "--port", str(procs.free_port()),
+           "--max-wait-time", "30", "--node-config", node_config]
     env = {**fed.env, "FLWR_HOME": str(home)}
     return procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir).start()
