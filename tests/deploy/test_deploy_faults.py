@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from deploy_helpers import assert_same_model, compose, flower_processes, overrides, rows
+from security_helpers import restart_with
 
 from server.deploy.cli import deploy
 from server.deploy.federation import Federation
@@ -70,7 +71,7 @@ def _slow_victim(fed: Federation, out: dict, partition: int, sig: int, restart: 
     """on_start part: make ``partition``'s node slow (and, with a ``gate`` file, hold the others' round-1 training
     until the killer thread has seen the victim back online, so round 2 finds it), wait for the 4 nodes, start the
     killer thread."""
-    _slow_nodes(fed, {partition: {"train-delay": str(TRAIN_DELAY)}, **({p: {"train-gate": str(gate)}
+    restart_with(fed, {partition: {"train-delay": str(TRAIN_DELAY)}, **({p: {"train-gate": str(gate)}
                                                                          for p in fed.supernodes if p != partition}
                                                                         if gate else {})})
     out["ids_before"] = sorted(fed.wait_nodes(4))
@@ -87,17 +88,6 @@ def _watch(fed: Federation, out: dict) -> Callable[[str], None]:
             out["ids_after"] = sorted(fed.node_ids())
 
     return on_line
-
-
-def _slow_nodes(fed: Federation, settings: dict[int, dict[str, str]]) -> None:
-    """Restart SuperNodes with the test ClientApp's ``train-delay`` / ``train-gate`` node config: a warm-worker
-    ClientApp trains this tiny model in a fraction of a second, too fast to be killed mid-round."""
-    nodes = [fed.supernodes[p] for p in settings]
-    for node in nodes:
-        node.signal(signal.SIGTERM)
-    procs.wait_gone(nodes, fed.options.stop_timeout)
-    for p, extra in settings.items():
-        fed.start_supernode(p, fed.num_partitions, fed.data_root, extra_node_config=extra)
 
 
 def deploy_and_check_cleanup(cfg, run_dir, on_line, on_start):
