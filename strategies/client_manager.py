@@ -220,9 +220,11 @@ class PartitionClientManager:
         self.node_to_partition[node_id] = partition_id
         log(INFO, "Round %d: node %s serves partition %d", self._round, node_id, partition_id)
 
-    def note_replies(self, server_round: int, messages: Iterable[Message], replies: Iterable[Message]) -> None:
+    def note_replies(self, server_round: int, messages: Iterable[Message], replies: Iterable[Message],
+                     grid: Grid | None = None) -> None:
         """After a round's train exchange: a node whose message got no reply at all (not even an error) within
-        the round timeout is silent: its partition is not scheduled until it answers a partition query."""
+        the round timeout is silent: its partition is not scheduled until it answers a partition query. With
+        ``grid``, the query answers that arrived meanwhile are collected now (without waiting)."""
         answered = {r.metadata.reply_to_message_id for r in replies}
         self._round = server_round
         for msg in messages:
@@ -230,6 +232,17 @@ class PartitionClientManager:
             if msg.metadata.message_id not in answered and node not in self.silent:
                 self.node_to_partition.pop(node, None)
                 self._silence(node, "no reply to its train message within the round timeout")
+        if grid is not None:
+            self._collect(grid)
+            self._mark_silent()
+
+    def round_counts(self, server_round: int) -> dict[str, int]:
+        """The round's metrics of the manager: skipped partitions, refused claims, reassigned partitions, silent
+        nodes."""
+        return {"num-skipped": len(self.skipped.get(server_round, [])),
+                "num-refused": len(self.refused.get(server_round, [])),
+                "num-reassigned": len(self.reassigned.get(server_round, [])),
+                "num-silent": len(self.silent_rounds.get(server_round, ()))}
 
     def select(self, server_round: int, grid: Grid) -> list[int]:
         """Node ids of the partitions scheduled for ``server_round`` that have an answering node."""

@@ -114,10 +114,11 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             write_status(run_dir, "failed", rnd - 1, str(err))
             raise
         replies = list(grid.send_and_receive(messages, timeout=float(cfg["round_timeout"]))) if messages else []
-        manager = getattr(strategy, "client_manager", None)
-        if manager is not None:  # nodes without any reply are silent from now on
-            manager.note_replies(rnd, messages, replies)
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+        manager = getattr(strategy, "client_manager", None)
+        if manager is not None and metrics is not None:  # silent nodes, query answers that came in meanwhile
+            manager.note_replies(rnd, messages, replies, grid)
+            metrics.update(manager.round_counts(rnd))
         arrays = new_arrays if new_arrays is not None else arrays
         row = {
             "round": rnd,

@@ -226,3 +226,15 @@ def test_error_answers_are_asked_again_and_no_node_fails_after_wait_timeout(cloc
     with pytest.raises(client_manager.NoNodesError):
         m.select(1, grid)
     assert grid.queries.count(11) >= 3  # asked again about once a second until wait_timeout
+
+
+def test_answers_that_came_in_during_a_round_are_counted_in_that_round():
+    """A node that joins is asked at the next round's start, not waited for (every partition has its node); its
+    answer, in by the end of the round, is collected then and counted in that round's metrics."""
+    grid = ScriptedGrid({11: claim(0), 12: claim(1)})
+    m = manager()
+    m.select(1, grid)
+    grid.answers[13] = claim(0)
+    assert m.select(2, grid) == [11, 12] and m.round_counts(2)["num-refused"] == 0
+    m.note_replies(2, [], [], grid)
+    assert m.round_counts(2) == {"num-skipped": 0, "num-refused": 1, "num-reassigned": 0, "num-silent": 0}
