@@ -241,5 +241,8 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds."""
-    return Message(RecordDict({P.CONFIG: ConfigRecord({P.PARTITION_ID: _partition_id(context)})}), reply_to=msg)
+    """Tell the server which partition this node holds (and of how many, when its node_config says)."""
+    claim = {P.PARTITION_ID: _partition_id(context)}
+    if P.NUM_PARTITIONS in context.node_config:
+        claim[P.NUM_PARTITIONS] = context.node_config[P.NUM_PARTITIONS]  # as given: the server checks it
+    return Message(RecordDict({P.CONFIG: ConfigRecord(claim)}), reply_to=msg)

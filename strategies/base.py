@@ -231,9 +231,7 @@ class ServerOptStrategy(FedAvg):
         metrics["num-rejected"] = len(received) - len(accepted)
         metrics["num-failures"] = len(failed) + int(self.round_info.get("num-selected", 0)) - len(replies)
         if self.client_manager is not None:
-            metrics["num-skipped"] = len(self.client_manager.skipped.get(server_round, []))
-            metrics["num-refused"] = len(self.client_manager.refused.get(server_round, []))
-            metrics["num-reassigned"] = len(self.client_manager.reassigned.get(server_round, []))
+            metrics.update(self.client_manager.round_counts(server_round))
         metrics["server-lr"] = server_lr
         if client_lr is not None:
             metrics["client-lr"] = client_lr

@@ -37,6 +37,7 @@ TRAIN_LOSS = "train-loss"  # float: mean loss over the local steps
 NUM_STEPS = "num-steps"  # int: local steps taken (J)
 NONFINITE = "nonfinite"  # int: 1 when the client's local training met a NaN/inf (the server rejects the reply)
 PARTITION_ID = "partition-id"  # int: reply to the QUERY message used to map nodes to partitions
+NUM_PARTITIONS = "num-partitions"  # int: the node's N, also in its reply to the QUERY message (checked)
 STATE_ROUNDS = "state-rounds"  # int: rounds since the client state used (0 = first participation; LocalGHBM/FedHBM)
 STATE_INVALID = "state-invalid"  # int: 1 when a stored client state was corrupt and ignored
 

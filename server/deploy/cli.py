@@ -26,6 +26,7 @@ import hydra
 from omegaconf import DictConfig
 
 from client import threads
+from server.deploy import ownership
 from server.deploy.federation import LOOPBACK, DeployError, Federation, FederationOptions, RunResult
 from server.run import config as config_lib
 from server.run import procs
@@ -118,6 +119,7 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
             raise config_lib.ConfigError(f"'deploy.{key}' must be true or false, got {d[key]!r}")
     if d.get("root_certificates") and not Path(str(d["root_certificates"])).expanduser().is_file():
         raise config_lib.ConfigError(f"'deploy.root_certificates': no file at {d['root_certificates']}")
+    ownership.check(cfg)
     return d
 
 
@@ -143,6 +145,7 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
         if fed.spawn:
             fed.start_superlink()
             fed.start_supernodes(int(d["spawn_supernodes"]), int(cfg["num_clients"]), d.get("data_root"))
+        _set_partition_owners(cfg, fed)
         _write_pids(fed)
         if on_start is not None:
             on_start(fed)
@@ -170,6 +173,17 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
         left = fed.stop()
         if left:
             on_line(f"flower-deploy: WARNING processes still alive after stop: {left}")
+
+
+def _set_partition_owners(cfg: dict[str, Any], fed: Federation) -> None:
+    """``deploy.partition_owners`` for the ServerApp: key fingerprint -> partition of the SuperNodes spawned here
+    (auth) and of the operator's ``deploy.partition_keys``; absent when partitions are not owned by keys."""
+    d = cfg["deploy"]
+    d.pop("partition_owners", None)  # only ever what this function computes
+    listed = ownership.check(cfg)
+    spawned = {p: fed.node_keys[f"node{p}"].public for p in fed.supernodes} if fed.spawn and fed.options.auth else {}
+    if spawned or listed is not None:
+        d["partition_owners"] = ownership.owners_map(spawned, listed)
 
 
 def _restart_superlink(fed: Federation) -> None:

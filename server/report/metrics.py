@@ -23,7 +23,7 @@ COLUMNS = (
     "num_selected", "num_replies", "num_rejected", "num_failures", "num_skipped", "update_norm", "client_update_norm",
     "pop_loss", "pop_accuracy",
     "elapsed",
-    "num_refused", "num_reassigned",
+    "num_refused", "num_reassigned", "num_silent",
     "pop_gap",
 )
 

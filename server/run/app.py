@@ -116,6 +116,10 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             raise
         replies = list(grid.send_and_receive(messages, timeout=float(cfg["round_timeout"]))) if messages else []
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+        manager = getattr(strategy, "client_manager", None)
+        if manager is not None and metrics is not None:  # silent nodes, query answers that came in meanwhile
+            manager.note_replies(rnd, messages, replies, grid)
+            metrics.update(manager.round_counts(rnd))
         arrays = new_arrays if new_arrays is not None else arrays
         row = {
             "round": rnd,
@@ -132,6 +136,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "client_update_norm": _metric(metrics, "client-update-norm"),
             "num_refused": int(_metric(metrics, "num-refused") or 0),
             "num_reassigned": int(_metric(metrics, "num-reassigned") or 0),
+            "num_silent": int(_metric(metrics, "num-silent") or 0),
         }
         diverged = _divergence(strategy)
         if not diverged and (rnd % eval_every == 0 or rnd > eval_from):
@@ -195,10 +200,10 @@ def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any]) -> None:
         return "-" if value is None else format(value, spec)
 
     log(INFO, "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
-        "rejected %d failures %d skipped %d refused %d reassigned %d %.1fs%s", rnd, num_rounds, fmt("accuracy"),
-        fmt("loss"), fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"), row["num_replies"],
-        row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"], row["num_refused"],
-        row["num_reassigned"], row["seconds"], _pop_text(row))
+        "rejected %d failures %d skipped %d refused %d reassigned %d silent %d %.1fs%s", rnd, num_rounds,
+        fmt("accuracy"), fmt("loss"), fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"),
+        row["num_replies"], row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"],
+        row["num_refused"], row["num_reassigned"], row["num_silent"], row["seconds"], _pop_text(row))
 
 
 def make_server_app(cfg: dict[str, Any], result: dict[str, Any]) -> ServerApp:

@@ -43,8 +43,8 @@ def build_strategy(cfg: Mapping[str, Any], num_train: int | None = None) -> Serv
     manager_cls = CyclicClientManager if p["mode"] == "cyclic" else UniformClientManager
     extra = {"groups": p.get("groups")} if p["mode"] == "cyclic" else {}
     manager = manager_cls(int(cfg["num_clients"]), float(p["fraction"]), int(cfg["seed"]),
-                          query_timeout=float(cfg["round_timeout"]), wait_timeout=float(p.get("wait_timeout", 300)),
-                          bind_partitions=bind_partitions(cfg), **extra)
+                          query_timeout=query_timeout(cfg), wait_timeout=float(p.get("wait_timeout", 300)),
+                          bind_partitions=bind_partitions(cfg), owners=partition_owners(cfg), **extra)
     common = dict(
         server_lr=float(s["server_lr"]),
         client_lr=float(s["client_lr"]),
@@ -91,6 +91,19 @@ def bind_partitions(cfg: Mapping[str, Any]) -> bool:
     d = cfg.get("deploy") or {}
     bind = d.get("bind_partitions")
     return bool(d.get("auth")) if bind is None else bool(bind)
+
+
+def query_timeout(cfg: Mapping[str, Any]) -> float:
+    """Seconds a round waits for a node's answer to the partition query (``participation.query_timeout``, at most
+    ``round_timeout``); a node that misses it is silent and not waited for again (strategies/client_manager.py)."""
+    return min(float(cfg["participation"].get("query_timeout", 30)), float(cfg["round_timeout"]))
+
+
+def partition_owners(cfg: Mapping[str, Any]) -> dict[str, int] | None:
+    """Key fingerprint -> partition of the SuperNodes allowed to serve each partition, or None (no key
+    ownership): ``deploy.partition_owners``, which flower-deploy writes (server/deploy/ownership.py)."""
+    owners = (cfg.get("deploy") or {}).get("partition_owners")
+    return None if owners is None else {str(k): int(v) for k, v in owners.items()}
 
 
 def initial_model(cfg: Mapping[str, Any]) -> ArrayRecord:

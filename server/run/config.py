@@ -116,6 +116,9 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
            float(_require(cfg, "participation.fraction")), cfg["seed"], p.get("groups"))
     if float(p.get("wait_timeout", 0)) < 0:
         raise ConfigError(f"'participation.wait_timeout' must be >= 0, got {p.get('wait_timeout')!r}")
+    query_timeout = p.get("query_timeout", 30)
+    if isinstance(query_timeout, bool) or not isinstance(query_timeout, int | float) or not query_timeout > 0:
+        raise ConfigError(f"'participation.query_timeout' must be a number > 0 (seconds), got {query_timeout!r}")
     c = _require(cfg, "client")
     _positive_int(cfg, "client.batch_size")
     _positive_int(cfg, "client.local_epochs", 0 if int(c.get("local_steps", 0)) > 0 else 1)

@@ -10,7 +10,8 @@ Kinds: those of ``tests/broken_app.py`` (``wrong-shape``, ``nan``, ``zero-num-ex
 ``corrupt`` is reused) plus ``scale`` (weights x 1.1: finite, right shape, a plausible-looking poisoned update).
 ``query-delay=<s>`` makes the node answer the partition query ``s`` seconds late (so another node claims the
 partition first); ``train-delay=<s>`` makes it train ``s`` seconds longer (so a test can kill it mid-round);
-``train-gate=<path>`` holds its training until that file exists (a test's event).
+``train-gate=<path>`` / ``query-gate=<path>`` hold its training / its query answer until that file exists (a
+test's event).
 """
 
 from __future__ import annotations
@@ -42,13 +43,18 @@ def scaled(reply: Message, factor: float = 1.1) -> RecordDict:
                        P.METRICS: MetricRecord(dict(reply.content[P.METRICS]))})
 
 
+def _wait_gate(context: Context, key: str) -> None:
+    """Hold the handler until the file named by ``node_config[key]`` exists (a test's event), at most 300 s."""
+    gate = str(context.node_config.get(key, ""))
+    deadline = time.monotonic() + 300
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     time.sleep(float(context.node_config.get("train-delay", 0)))  # a slow client (fault tests kill it meanwhile)
-    gate = str(context.node_config.get("train-gate", ""))
-    deadline = time.monotonic() + 300
-    while gate and not os.path.exists(gate) and time.monotonic() < deadline:  # held until a test opens the gate
-        time.sleep(0.05)
+    _wait_gate(context, "train-gate")
     reply = product.train(msg, context)
     kinds = str(context.node_config.get("misbehave", "")).split(",")
     if not kinds[0]:
@@ -65,6 +71,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     time.sleep(float(context.node_config.get("query-delay", 0)))  # answer the partition query late
+    _wait_gate(context, "query-gate")
     return product.query(msg, context)
 
 

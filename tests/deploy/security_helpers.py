@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
+import time
 from pathlib import Path
 
 from server.deploy.federation import Federation
@@ -81,8 +83,47 @@ def runtime_port(proc: procs.ManagedProcess) -> int:
 
 
 def start_intruder(fed: Federation, name: str, security: list[str], node_config: str, home: Path,
-                   max_wait: float = 8.0) -> procs.ManagedProcess:
-    """A SuperNode that is no member of ``fed`` (own log, own FLWR_HOME, short connection budget)."""
+                   max_wait: float = 8.0, poll_interval: float | None = None) -> procs.ManagedProcess:
+    """A SuperNode that is no member of ``fed`` (own log, own FLWR_HOME, short connection budget), polling
+    every ``poll_interval`` s (default: the federation's)."""
     cmd = [*fed.supernode_command(node_config, security), "--max-wait-time", str(max_wait)]
+    if poll_interval is not None:
+        cmd[cmd.index("--poll-interval") + 1] = str(poll_interval)
     env = {**fed.env, "FLWR_HOME": str(home)}
     return procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir).start()
+
+
+def start_silent_node(fed: Federation, name: str, node_config: str, home: Path) -> procs.ManagedProcess:
+    """A registered SuperNode that joins but never runs a ClientApp: Flower's stock ``flower-supernode`` with
+    ``--isolation process`` and no SuperExec, so the messages it pulls are never answered."""
+    cmd = [procs.executable("flower-supernode"), "--root-certificates", str(fed.ca_cert),
+           "--auth-supernode-private-key", str(fed.node_key(name).private), "--superlink", fed.fleet_address,
+           "--isolation", "process", "--host", "127.0.0.1", "--port", str(procs.free_port()),
+           "--max-wait-time", "30", "--node-config", node_config]
+    env = {**fed.env, "FLWR_HOME": str(home)}
+    return procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir).start()
+
+
+def restart_with(fed: Federation, settings: dict[int, dict[str, str]]) -> None:
+    """Restart spawned SuperNodes with extra node config of the test ClientApp (``query-delay``, ``train-gate``)."""
+    nodes = [fed.supernodes[p] for p in settings]
+    for node in nodes:
+        node.signal(signal.SIGTERM)
+    procs.wait_gone(nodes, fed.options.stop_timeout)
+    for p, extra in settings.items():
+        fed.start_supernode(p, fed.num_partitions, fed.data_root, extra_node_config=extra)
+
+
+def answered_query(log: Path) -> bool:
+    """Whether the SuperNode writing ``log`` has sent its answer to a partition query."""
+    text = log.read_text() if log.exists() else ""
+    return "Sending: query message" in text and "Sent successfully" in text.split("Sending: query message", 1)[1]
+
+
+def open_gate_when_answered(logs: list[Path], gate: Path, timeout: float = 180.0) -> None:
+    """Thread: create ``gate`` once every SuperNode writing one of ``logs`` has sent its answer to a partition
+    query (so the ServerApp collects it by the next round at the latest), or after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(answered_query(log) for log in logs):
+        time.sleep(0.1)
+    gate.touch()

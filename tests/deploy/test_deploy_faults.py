@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from deploy_helpers import assert_same_model, compose, flower_processes, overrides, rows
+from security_helpers import restart_with
 
 from server.deploy.cli import deploy
 from server.deploy.federation import Federation
@@ -70,7 +71,7 @@ def _slow_victim(fed: Federation, out: dict, partition: int, sig: int, restart: 
     """on_start part: make ``partition``'s node slow (and, with a ``gate`` file, hold the others' round-1 training
     until the killer thread has seen the victim back online, so round 2 finds it), wait for the 4 nodes, start the
     killer thread."""
-    _slow_nodes(fed, {partition: {"train-delay": str(TRAIN_DELAY)}, **({p: {"train-gate": str(gate)}
+    restart_with(fed, {partition: {"train-delay": str(TRAIN_DELAY)}, **({p: {"train-gate": str(gate)}
                                                                          for p in fed.supernodes if p != partition}
                                                                         if gate else {})})
     out["ids_before"] = sorted(fed.wait_nodes(4))
@@ -83,21 +84,10 @@ def _watch(fed: Federation, out: dict) -> Callable[[str], None]:
 
     def on_line(line: str) -> None:
         lines.append(line)
-        if "[round 1/2]" in line and "accuracy" in line:
+        if "[round 1/" in line and "accuracy" in line:
             out["ids_after"] = sorted(fed.node_ids())
 
     return on_line
-
-
-def _slow_nodes(fed: Federation, settings: dict[int, dict[str, str]]) -> None:
-    """Restart SuperNodes with the test ClientApp's ``train-delay`` / ``train-gate`` node config: a warm-worker
-    ClientApp trains this tiny model in a fraction of a second, too fast to be killed mid-round."""
-    nodes = [fed.supernodes[p] for p in settings]
-    for node in nodes:
-        node.signal(signal.SIGTERM)
-    procs.wait_gone(nodes, fed.options.stop_timeout)
-    for p, extra in settings.items():
-        fed.start_supernode(p, fed.num_partitions, fed.data_root, extra_node_config=extra)
 
 
 def deploy_and_check_cleanup(cfg, run_dir, on_line, on_start):
@@ -139,9 +129,11 @@ def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, misbehavin
 
 def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, misbehaving_app_dir, tmp_path):
     """SIGKILL one SuperNode's process group while it trains (no goodbye): the round ends at round_timeout with
-    the other client and 1 failure, the restarted node registers again, and the run finishes."""
+    the other client and 1 failure, the killed node is silent from then on, the restarted node registers again
+    and, when its partition is scheduled again (round 3), serves it; the run finishes."""
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, "round_timeout=25", f"deploy.app_dir={misbehaving_app_dir}"))
+    cfg = compose(overrides(deploy_data, run_dir, "round_timeout=25", "num_rounds=3",
+                            f"deploy.app_dir={misbehaving_app_dir}"))
     out: dict = {}
 
     def on_start(fed: Federation) -> None:
@@ -152,12 +144,15 @@ def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, misbehavi
     assert result.ok, "\n".join(out["lines"][-60:])
     assert out.get("killed") and out.get("mid_training")
     metrics = rows(run_dir)
-    assert [r["round"] for r in metrics] == [0, 1, 2]
+    assert [r["round"] for r in metrics] == [0, 1, 2, 3]
     assert (metrics[1]["num_selected"], metrics[1]["num_replies"], metrics[1]["num_failures"]) == (2, 1, 1)
     assert (metrics[2]["num_selected"], metrics[2]["num_replies"], metrics[2]["num_failures"]) == (2, 2, 0)
+    assert (metrics[3]["num_selected"], metrics[3]["num_replies"], metrics[3]["num_failures"]) == (2, 2, 0)
     assert metrics[1]["seconds"] >= 25  # the dead node is only noticed by the round timeout (heartbeats: ~45 s)
+    assert metrics[1]["num_silent"] == 1  # the killed node: no reply to its train message
     assert len(set(out["ids_after"]) - set(out["ids_before"])) == 1  # the restarted node is online (new ID)
-    assert [r.get("num_reassigned") for r in metrics[1:]] == [0, 1]  # its partition moved to the new ID: visible
+    assert [r.get("num_reassigned") for r in metrics[1:]][0] == 0  # its partition moved to the new ID: visible
+    assert sum(r.get("num_reassigned") for r in metrics[1:]) == 1  # (when its answer came: round 2 or 3)
 
 
 def _first_group(cfg: dict) -> list[int]:

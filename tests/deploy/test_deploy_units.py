@@ -97,19 +97,49 @@ def test_superlink_state_in_file(deploy, in_file):
     assert state_in_file(deploy, num_clients=4) is in_file
 
 
-@pytest.mark.parametrize("bind", [True, False])
-def test_partition_claims(bind):
-    """bind (auth): the first claimant keeps a partition, others are refused; newest wins otherwise, counted."""
-    from strategies.client_manager import CyclicClientManager
+def _keys_file(tmp_path, lines: list[str]):
+    path = tmp_path / "partition-keys.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
-    manager = CyclicClientManager(4, 0.5, bind_partitions=bind)
-    manager._round = 1
-    manager._assign(11, 0)
-    manager._assign(11, 0)  # the same node again (an authenticated restart keeps its id): nothing to count
-    manager._assign(99, 0)  # an intruder claims the taken partition
-    if bind:
-        assert manager.node_to_partition == {11: 0} and manager.refused == {1: [99]} and not manager.reassigned
-        assert manager.idle_claims == {99: 0}
-    else:
-        assert manager.node_to_partition == {99: 0} and manager.reassigned == {1: [0]} and not manager.refused
-        assert manager.idle_claims == {11: 0}  # the displaced node is not queried again while 99 holds 0
+
+@pytest.mark.parametrize("lines, message", [
+    (["2 {k2}", "3"], "line 2: expected '<partition-id>"),
+    (["2 {k2}", "x {k3}"], "line 2: expected"),
+    (["2 {k2}", "4 {k3}"], r"line 2: partition 4 is outside \[2, 4\)"),
+    (["1 {k2}", "3 {k3}"], r"line 1: partition 1 is outside \[2, 4\) \(0..1: SuperNodes spawned here"),
+    (["2 {k2}", "3 {k2}"], "line 2: key SHA256:.* already serves partition 2"),
+    (["2 {k2}", "2 {k3}"], "line 2: partition 2 already has a key"),
+    (["2 {k2}", "3 ecdsa-sha2-nistp384 AAAAnotbase64"], "line 2: not an OpenSSH public key"),
+    (["2 {k2}", "3 SHA256:short"], "line 2: 'SHA256:short' is not a SHA256 key fingerprint"),
+    (["2 {k2}"], r"gives no key for partitions \[3\]"),
+])
+def test_partition_keys_file_errors_are_one_line(tmp_path, deploy_data, lines, message):
+    """deploy.partition_keys: every malformed file is a one-line ConfigError before any process starts."""
+    keys = {f"k{i}": make_node_key(tmp_path / "keys", f"n{i}").public.read_text().strip() for i in (2, 3)}
+    path = _keys_file(tmp_path, [line.format(**keys) for line in lines])
+    cfg = config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", "deploy.tls=true", "deploy.auth=true",
+                                                "deploy.spawn_supernodes=2", f"deploy.partition_keys={path}")))
+    with pytest.raises(config_lib.ConfigError, match=message) as err:
+        validate_deploy(cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_partition_keys_file_accepts_keys_and_fingerprints(tmp_path, deploy_data):
+    from server.deploy import ownership
+    from strategies.claims import key_fingerprint
+
+    k2, k3 = (make_node_key(tmp_path / "keys", f"n{i}").public.read_text().strip() for i in (2, 3))
+    path = _keys_file(tmp_path, ["# partition key", f"2 {k2} node2@host", "", f"3 {key_fingerprint(k3)}  # fp"])
+    base = overrides(deploy_data, tmp_path / "run", "deploy.tls=true", "deploy.auth=true", "deploy.spawn_supernodes=2")
+    cfg = config_lib.validate(compose([*base, f"deploy.partition_keys={path}"]))
+    validate_deploy(cfg)
+    assert ownership.check(cfg) == {key_fingerprint(k2): 2, key_fingerprint(k3): 3}
+    with pytest.raises(config_lib.ConfigError, match="partition_keys"):  # auth, partitions not spawned, no file
+        validate_deploy(config_lib.validate(compose(base)))
+    no_auth = config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", f"deploy.partition_keys={path}",
+                                                    "deploy.spawn_supernodes=2")))
+    with pytest.raises(config_lib.ConfigError, match="needs 'deploy.auth=true'"):
+        validate_deploy(no_auth)
+    with pytest.raises(config_lib.ConfigError, match="cannot read"):
+        ownership.parse_keys_file(tmp_path / "missing.txt", 4)

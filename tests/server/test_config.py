@@ -54,6 +54,8 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["strategy=localupdate_decay", "strategy.patience=0"], "patience"),
         (["num_clients=10", "participation.fraction=0.25"], "participation.fraction"),
         (["participation=uniform", "participation.fraction=0.01"], "participation.fraction"),
+        (["participation.query_timeout=0"], "participation.query_timeout"),
+        (["participation.query_timeout=soon"], "participation.query_timeout"),
         (["num_rounds=0"], "num_rounds"),
         (["eval_tail=-1"], "eval_tail"),
         (["data.alpha=-1"], "data.alpha"),

@@ -1,0 +1,240 @@
+"""Partition claims and silent nodes in the client manager (issue 19), on a scripted grid with a fake clock.
+
+Each node of :class:`ScriptedGrid` answers the partition query with a scripted claim, with an error, or never
+(silent) until the test makes it answer. Time is a fake clock that only ``time.sleep`` advances, so the
+"not waited for" assertions are exact and the tests never sleep.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from flwr.app import ConfigRecord, Error, Message, RecordDict
+from flwr.proto.node_pb2 import NodeInfo
+from flwr.supercore.task_identity import TaskIdentity
+
+from server.deploy import tls
+from strategies import claims, client_manager
+from strategies.claims import ClaimRules, RefusedClaim, key_fingerprint
+from strategies.client_manager import CyclicClientManager
+
+SILENT = object()
+
+
+class Clock:
+    """time.monotonic / time.sleep of the client manager: sleeping advances the clock, nothing else does."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch):
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1
+    fake = Clock()
+    monkeypatch.setattr(client_manager.time, "monotonic", fake.monotonic)
+    monkeypatch.setattr(client_manager.time, "sleep", fake.sleep)
+    return fake
+
+
+class ScriptedGrid:
+    """Nodes answer queries with ``answers[node]``: a claim dict, "error", or SILENT (kept until :meth:`wake`)."""
+
+    def __init__(self, answers: dict, keys: dict | None = None) -> None:
+        self.answers, self.keys = dict(answers), keys or {}
+        self.replies: dict[str, Message] = {}
+        self.held: dict[str, Message] = {}  # queries a silent node has not answered
+        self.queries: list[int] = []
+
+    def get_node_ids(self):
+        return list(self.answers)
+
+    def get_nodes(self):
+        return [NodeInfo(node_id=n, public_key=self.keys.get(n, b"")) for n in self.answers]
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            mid = uuid.uuid4().hex
+            msg.metadata.__dict__["_message_id"] = mid
+            self.queries.append(msg.metadata.dst_node_id)
+            self.held[mid] = msg
+            ids.append(mid)
+            self._answer(mid)
+        return ids
+
+    def _answer(self, mid: str) -> None:
+        msg = self.held[mid]
+        answer = self.answers[msg.metadata.dst_node_id]
+        if answer is SILENT:
+            return
+        del self.held[mid]
+        if answer == "error":
+            self.replies[mid] = Message(error=Error(5, "node unavailable"), reply_to=msg)
+        else:
+            self.replies[mid] = Message(RecordDict({"config": ConfigRecord(answer)}), reply_to=msg)
+
+    def wake(self, node: int, answer: dict) -> None:
+        """The silent ``node`` answers its pending queries now."""
+        self.answers[node] = answer
+        for mid in list(self.held):
+            self._answer(mid)
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(mid) for mid in list(message_ids) if mid in self.replies]
+
+
+def claim(partition, num_partitions=2):
+    return {"partition-id": partition, "num-partitions": num_partitions}
+
+
+def manager(**kwargs) -> CyclicClientManager:
+    return CyclicClientManager(2, 1.0, query_timeout=3.0, wait_timeout=60.0, **kwargs)
+
+
+def test_fingerprint_is_openssh_sha256_of_pem_and_openssh_forms(tmp_path):
+    """The SuperLink stores keys as PEM; operators hold OpenSSH .pub files: both give `ssh-keygen -lf`'s text."""
+    from cryptography.hazmat.primitives import serialization
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    key = tls.make_node_key(tmp_path, "n0")
+    line = key.public.read_text()
+    pem = public_key_to_bytes(serialization.load_ssh_public_key(line.encode()))
+    assert key_fingerprint(line) == key_fingerprint(pem)
+    assert key_fingerprint(line).startswith("SHA256:") and len(key_fingerprint(line)) == 7 + 43
+    with pytest.raises(ValueError):
+        key_fingerprint("not a key")
+
+
+@pytest.mark.parametrize("record, reason", [
+    (None, "holds no"),
+    ({"partition-id": "0"}, "not an integer"),
+    ({"partition-id": True}, "not an integer"),
+    ({"partition-id": 7, "num-partitions": 2}, "outside [0, 2)"),
+    ({"partition-id": -1}, "outside [0, 2)"),
+    ({"partition-id": 1, "num-partitions": 5}, "num-partitions=5, the run has 2"),
+])
+def test_claim_rules_refuse_with_a_reason(record, reason):
+    with pytest.raises(RefusedClaim, match=reason.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        ClaimRules(2).check(record)
+    assert ClaimRules(2).check({"partition-id": 1}) == 1  # num-partitions may be absent
+    owners = ClaimRules(2, {"SHA256:a": 0})
+    assert owners.check({"partition-id": 0}, "SHA256:a") == 0
+    with pytest.raises(RefusedClaim, match="owns no partition"):
+        owners.check({"partition-id": 0}, "SHA256:b")
+    with pytest.raises(RefusedClaim, match="gives no public key"):
+        owners.check({"partition-id": 0}, None)
+    assert claims.claim_record(RecordDict({"config": ConfigRecord({"x": 1})})) is None
+
+
+def test_keys_own_partitions_whoever_answers_first(monkeypatch):
+    """Auth + owners map: the intruder (node 5, answers before the honest nodes, registered key owning nothing)
+    and a node with the key of partition 1 claiming partition 0 are refused and counted; the honest nodes keep
+    their partitions, also after a restart under a new node id (same key)."""
+    monkeypatch.setattr(client_manager, "key_fingerprint", lambda raw: "fp-" + raw.decode())  # opaque test keys
+    keys = {5: b"intruder", 11: b"key0", 12: b"key1"}
+    grid = ScriptedGrid({5: claim(0), 11: claim(0), 12: claim(1)}, keys)
+    m = manager(owners={"fp-key0": 0, "fp-key1": 1})
+    assert m.select(1, grid) == [11, 12]
+    assert m.refused == {1: [5]} and m.node_to_partition == {11: 0, 12: 1}
+    grid.answers[13], grid.keys[13] = claim(0), b"key1"  # the key of partition 1 (another node) claims partition 0
+    assert m.select(2, grid) == [11, 12] and 2 not in m.refused  # asked, not waited for: every partition has a node
+    assert m.select(3, grid) == [11, 12] and m.refused[3] == [13]  # its answer, collected a round later
+    del grid.answers[11]  # node 0 restarts under a new id with its key: waited for, its partition needs it
+    grid.answers[21], grid.keys[21] = claim(0), b"key0"
+    assert m.select(4, grid) == [21, 12] and 4 not in m.refused
+    assert m.reassigned == {4: [0]}  # the partition's node id changed, by its key: counted
+    assert grid.queries.count(5) == 1  # a refused node is not asked again while connected
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (claim(7), "partition 7 is outside"),
+    (claim(1, 5), "num-partitions=5"),
+    ({"partition-id": "x"}, "not an integer"),
+])
+def test_every_bad_claim_is_refused_logged_and_counted(bad, reason, caplog):
+    grid = ScriptedGrid({11: claim(0), 12: claim(1), 13: bad})
+    m = manager()
+    with caplog.at_level("WARNING", logger="flwr"):
+        assert m.select(1, grid) == [11, 12]
+    assert m.refused == {1: [13]} and m.node_to_partition == {11: 0, 12: 1}
+    assert any("node 13" in r.getMessage() and reason in r.getMessage() for r in caplog.records)
+
+
+def test_duplicate_claim_refused_while_the_holder_answers_reassigned_when_it_left():
+    """No auth: a second claimant of a held partition is refused; once the holder left, the next claimant gets it
+    (a restarted node has a new id without auth), counted in reassigned. bind_partitions: the first claimant's."""
+    grid = ScriptedGrid({11: claim(0), 12: claim(1), 13: claim(0)})
+    m = manager()
+    assert m.select(1, grid) == [11, 12] and m.refused == {1: [13]}
+    del grid.answers[11]  # the holder leaves: the refused claimant is asked again and takes it, a newcomer is refused
+    grid.answers[14] = claim(0)
+    assert m.select(2, grid) == [13, 12] and m.reassigned == {2: [0]} and m.refused[2] == [14]
+    bound = manager(bind_partitions=True)
+    grid = ScriptedGrid({11: claim(0), 12: claim(1)})
+    bound.select(1, grid)
+    del grid.answers[11]
+    grid.answers[14] = claim(0)
+    assert bound.select(2, grid) == [12] and bound.refused == {2: [14]} and bound.skipped == {2: [0]}
+
+
+def test_silent_node_is_not_waited_for_and_counted_every_round(clock):
+    """A registered node that never answers costs at most query_timeout, once, and only while its partition
+    could need it; it is counted in every round until it answers, then it is back."""
+    grid = ScriptedGrid({11: claim(0), 12: claim(1), 13: SILENT})
+    m = manager()
+    t0 = clock.now
+    assert m.select(1, grid) == [11, 12]
+    assert clock.now - t0 < 0.5  # every partition had its node: the silent query was not waited for
+    clock.sleep(3.0)
+    assert m.select(2, grid) == [11, 12] and m.silent_rounds[2] == {13}
+    assert m.select(3, grid) == [11, 12] and m.silent_rounds[3] == {13}
+    assert grid.queries.count(13) == 1  # one pending query, not one per round
+    grid.wake(13, claim(1))  # it answers late, claiming the held partition 1: alive, but refused
+    m.select(4, grid)
+    assert 4 not in m.silent_rounds and m.refused == {4: [13]}
+
+
+def test_node_silent_on_train_is_skipped_until_it_answers_a_query(clock):
+    grid = ScriptedGrid({11: claim(0), 12: claim(1)})
+    m = manager()
+    assert m.select(1, grid) == [11, 12]
+    sent = [Message(RecordDict({}), dst_node_id=n, message_type="train") for n in (11, 12)]
+    for msg in sent:  # ids as a grid sets them when it pushes
+        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+    m.note_replies(1, sent, [Message(RecordDict({}), reply_to=sent[0])])  # 12: no reply within the round timeout
+    assert m.silent_rounds[1] == {12} and 12 not in m.node_to_partition
+    grid.answers[12] = SILENT
+    t0 = clock.now
+    assert m.select(2, grid) == [11] and m.skipped == {2: [1]} and m.silent_rounds[2] == {12}
+    assert clock.now - t0 < 0.5  # a silent node is never waited for, even for its own partition
+    grid.wake(12, claim(1))
+    assert m.select(3, grid) == [11, 12] and 3 not in m.silent_rounds
+    assert not m.refused and not m.reassigned  # the same node got its own partition back
+
+
+def test_error_answers_are_asked_again_and_no_node_fails_after_wait_timeout(clock):
+    grid = ScriptedGrid({11: "error", 12: "error"})
+    m = CyclicClientManager(2, 1.0, query_timeout=3.0, wait_timeout=5.0)
+    with pytest.raises(client_manager.NoNodesError):
+        m.select(1, grid)
+    assert grid.queries.count(11) >= 3  # asked again about once a second until wait_timeout
+
+
+def test_answers_that_came_in_during_a_round_are_counted_in_that_round():
+    """A node that joins is asked at the next round's start, not waited for (every partition has its node); its
+    answer, in by the end of the round, is collected then and counted in that round's metrics."""
+    grid = ScriptedGrid({11: claim(0), 12: claim(1)})
+    m = manager()
+    m.select(1, grid)
+    grid.answers[13] = claim(0)
+    assert m.select(2, grid) == [11, 12] and m.round_counts(2)["num-refused"] == 0
+    m.note_replies(2, [], [], grid)
+    assert m.round_counts(2) == {"num-skipped": 0, "num-refused": 1, "num-reassigned": 0, "num-silent": 0}
