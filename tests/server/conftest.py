@@ -22,6 +22,13 @@ def tiny_data(tmp_path_factory):
     return {"folder": folder, "tarball": tarball, "cache": root / "cache"}
 
 
+# The batched engine (server/batched/), clients one after another in the flower-simulation process: the same
+# ServerApp round loop, strategies and ClientApp code as the Ray engine, bitwise the same final CNN model
+# (tests/server/test_batched_engine.py), without Ray's ~10-20 s start-up per process. For end-to-end tests whose
+# subject is not the Ray engine (sweeps, reports, divergence, resume logic, presets); the tests about Ray keep it.
+IN_PROCESS = ("engine=batched", "engine.workers=1")
+
+
 def sim_args(data, run_dir, *extra):
     """Overrides of a tiny but complete experiment (4 clients, 2 rounds, CNN, 2 local steps)."""
     return [

@@ -1,10 +1,11 @@
-"""`flower-simulation` with the stateful FedHBM clients: their node-local state survives rounds and a resume."""
+"""`flower-simulation` with the stateful FedHBM clients: their node-local state survives rounds and a resume (on
+Ray: node-local state across Ray's actors, a SIGKILLed Ray run resumed); the GHBM family on the batched engine."""
 
 import os
 
 import numpy as np
 import pytest
-from conftest import full_and_resumed, run_cli, sim_args
+from conftest import IN_PROCESS, full_and_resumed, run_cli, sim_args
 
 from server.report.metrics import read_metrics
 
@@ -39,11 +40,14 @@ def test_fedhbm_client_state_survives_a_resume_bitwise(tiny_data, tmp_path):
 
 def test_the_ghbm_family_runs_on_cifar_like_data(tiny_data, tmp_path):
     """GHBM and LocalGHBM through the real ClientApp: LocalGHBM with p = 2 is bitwise GHBM(tau = 2) on CPU (the
-    client forms (anchor - theta^{t-1}) / 2 from its state with the same float32 arithmetic as the server)."""
+    client forms (anchor - theta^{t-1}) / 2 from its state with the same float32 arithmetic as the server). On the
+    batched engine, which trains through the ClientApp's own code and is bitwise the Ray engine for both
+    (tests/server/test_batched_engine.py)."""
     models = {}
     for name, extra in (("ghbm", ["strategy=ghbm", "strategy.tau=2"]), ("localghbm", ["strategy=localghbm"])):
         run_dir = tmp_path / name
-        proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "num_rounds=4", *extra))
+        proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *IN_PROCESS, "num_rounds=4",
+                                                     *extra))
         assert proc.returncode == 0, proc.stderr[-2000:]
         rows = read_metrics(run_dir)
         assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]

@@ -1,5 +1,8 @@
 """Seed 001's protocol end to end on generated data: a real 2 x 2 x 2-seed Hydra multirun of LocalUpdate with Yogi
-(one eta diverges), population loss and update norms checked by hand, `flower-report` cell by cell, resume."""
+(one eta diverges), population loss and update norms checked by hand, `flower-report` cell by cell, resume.
+
+Every run is on the batched engine (``IN_PROCESS``): the subject is the protocol, the sweep and the report, not
+Ray; the same round loop on Ray is tests/server/test_batched_engine.py's subject (bitwise the same CNN)."""
 
 import csv
 import json
@@ -10,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import report, run_cli, sim_args
+from conftest import IN_PROCESS, report, run_cli, sim_args
 
 from client.app import train_on_partition
 from client.data import load_dataset
@@ -23,8 +26,8 @@ from strategies.participation import make_schedule
 
 pytestmark = pytest.mark.e2e
 GAMMAS, ETAS, SEEDS = ("0.05", "0.1"), ("0.01", "1e30"), (0, 1)
-FIXED = ["strategy=localupdate", "strategy.server_optimizer=yogi", "participation=uniform", "eval_train=true",
-         "num_rounds=3", "client.loss_before_batches=1"]
+FIXED = [*IN_PROCESS, "strategy=localupdate", "strategy.server_optimizer=yogi", "participation=uniform",
+         "eval_train=true", "num_rounds=3", "client.loss_before_batches=1"]
 
 
 @pytest.fixture(scope="module")

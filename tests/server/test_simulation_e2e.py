@@ -1,10 +1,15 @@
-"""`flower-simulation` end to end: every strategy, resume, bad configs, divergence, plots."""
+"""`flower-simulation` end to end: every strategy, resume, bad configs, divergence, plots.
+
+The runs are on the batched engine (``IN_PROCESS``): their subject is the CLI, the sweep, the strategies, resume
+and divergence handling, not Ray (the Ray engine runs the same round loop: tests/server/test_batched_engine.py;
+Ray's own start-up, signals, resume with node-local state and cluster: test_ray_local.py, test_ghbm_e2e.py,
+test_ray_cluster.py). The bad-config tests keep the default engine (Ray): they check that it never starts."""
 
 import json
 
 import numpy as np
 import pytest
-from conftest import full_and_resumed, run_cli, sim_args
+from conftest import IN_PROCESS, full_and_resumed, run_cli, sim_args
 
 from server.report.metrics import read_metrics
 
@@ -17,7 +22,7 @@ def multirun(tiny_data, tmp_path_factory):
     """One Hydra multirun: 5 strategies, cyclic participation, 2 rounds each, on the .tar.gz data (the uniform
     mode, shared by every strategy through the client manager, runs in the diverging-clients test)."""
     sweep = tmp_path_factory.mktemp("sweep")
-    args = ["-m", *sim_args(tiny_data, sweep / "unused")[:-1],
+    args = ["-m", *sim_args(tiny_data, sweep / "unused")[:-1], *IN_PROCESS,
         f"strategy={','.join(STRATEGIES)}", "participation=cyclic",
         f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${strategy.name}_${hydra:runtime.choices.strategy}_"
         "${participation.mode}"]
@@ -69,7 +74,7 @@ def test_flower_plot_aggregates_runs(multirun, tmp_path):
 
 
 def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
-    extra = ["num_rounds=4", "strategy=fedcm", "data.root=" + str(tiny_data["folder"])]
+    extra = [*IN_PROCESS, "num_rounds=4", "strategy=fedcm", "data.root=" + str(tiny_data["folder"])]
     full_dir, killed_dir = full_and_resumed(tiny_data, tmp_path, extra)
     rows_a, rows_b = read_metrics(full_dir), read_metrics(killed_dir)
     assert [r["round"] for r in rows_b] == [0, 1, 2, 3, 4]
@@ -103,7 +108,8 @@ def test_unknown_strategy_group_is_rejected(tiny_data, tmp_path):
 
 def test_divergence_of_the_global_model_stops_with_a_clear_message_and_keeps_results(tiny_data, tmp_path):
     run_dir = tmp_path / "nan"
-    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "strategy.server_lr=1e30", "num_rounds=5"))
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *IN_PROCESS, "strategy.server_lr=1e30",
+                                                 "num_rounds=5"))
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "diverged" in proc.stderr
     rows = read_metrics(run_dir)
@@ -114,7 +120,7 @@ def test_diverging_clients_are_rejected_and_do_not_end_the_run(tiny_data, tmp_pa
     """Every client diverges (NaN local training): each reply is rejected, the model stays as it was. Uniform
     participation: 2 of 4 partitions drawn per round."""
     run_dir = tmp_path / "clients-nan"
-    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "strategy.client_lr=1e12",
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *IN_PROCESS, "strategy.client_lr=1e12",
                                                  "participation=uniform"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((run_dir / "config.json").read_text())["participation"]["mode"] == "uniform"
