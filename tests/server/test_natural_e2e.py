@@ -1,4 +1,5 @@
-"""Seed 001's task presets through the real ``flower-simulation`` (Ray) on generated data in the hub schema,
+"""Seed 001's task presets through the real ``flower-simulation`` (Ray, and the batched engine to the same model) on
+generated data in the hub schema,
 and a download that fails offline: exit 2, one line naming the key, before Ray."""
 
 import csv
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import run_cli
 from natural_datagen import MAKERS, write
@@ -19,11 +21,9 @@ pytestmark = pytest.mark.e2e
 def test_seed001_preset_runs(task, metric, tmp_path):
     root = write(MAKERS[task](num_clients=4), tmp_path / "copy")
     run_dir = tmp_path / "run"
-    proc = run_cli("flower-simulation", [f"+experiment=seed001_{task}", f"data.root={root}",
-                                         f"data.cache_dir={tmp_path / 'cache'}", "num_rounds=2",
-                                         "participation.clients_per_round=2", "client.local_steps=2",
-                                         "client.torch_threads=1", "eval_every=1", f"hydra.run.dir={run_dir}"],
-                   timeout=400)
+    args = [f"+experiment=seed001_{task}", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "num_rounds=2",
+            "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1", "eval_every=1"]
+    proc = run_cli("flower-simulation", [*args, f"hydra.run.dir={run_dir}"], timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     assert [r["round"] for r in rows] == ["0", "1", "2"]
@@ -31,6 +31,16 @@ def test_seed001_preset_runs(task, metric, tmp_path):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["num_clients"] == 4 and config["participation"]["fraction"] == 0.5
     assert (run_dir / "partition.csv").read_text().count("\n") == 5
+    # the batched engine runs the preset too, to the Ray engine's model: femnist's CNN one client after another
+    # through the ClientApp's code (bitwise), stackoverflow_tp's linear model stacked (float32 summation order)
+    batched_dir = tmp_path / "batched"
+    proc = run_cli("flower-simulation", [*args, "engine=batched", f"hydra.run.dir={batched_dir}"], timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ray_model, batched_model = (np.load(d / "final_model.npz") for d in (run_dir, batched_dir))
+    for key in ray_model.files:
+        scale = float(np.abs(ray_model[key]).max()) or 1.0
+        difference = float(np.abs(batched_model[key] - ray_model[key]).max())
+        assert difference == 0.0 if task == "femnist" else difference <= 1e-5 * scale, key
 
 
 def test_offline_download_is_one_line_before_ray(tmp_path):
