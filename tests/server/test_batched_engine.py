@@ -82,7 +82,8 @@ def engines(tiny_data, tmp_path_factory):
     assert not errors, errors
     stacked = {}
     for i, (key, (_, batched_cfg)) in enumerate(runs.items()):
-        grid = BatchedGrid(NUM_CLIENTS, workers=1 + i % 2)  # one by one: in this process, or 2 worker processes
+        # one by one: in this process, or in 2 worker processes (every other strategy, so the CNN meets both)
+        grid = BatchedGrid(NUM_CLIENTS, workers=1 + (i // len(MODELS)) % 2)
         try:
             run_experiment(grid, batched_cfg, batched_cfg["run_dir"])
         finally:
