@@ -33,6 +33,15 @@ def logits(weight: torch.Tensor, bias: torch.Tensor, xs: torch.Tensor) -> torch.
     return torch.bmm(weight, xs.flatten(2).transpose(1, 2)) + bias.unsqueeze(2)
 
 
+def logit_gradient(log_p: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, dim: int) -> torch.Tensor:
+    """∂/∂z of Σ_rows weight · cross-entropy(z, y): (softmax(z) − onehot(y)) · weight, classes along ``dim`` of
+    ``log_p`` = log_softmax(z). The one place this gradient is written: the stacked client steps here and the convex
+    objective's f and ∇f (server/convex/objective.py) call it."""
+    g = log_p.exp()
+    g.scatter_add_(dim, y.unsqueeze(dim), -torch.ones_like(y, dtype=g.dtype).unsqueeze(dim))
+    return g.mul_(weight.unsqueeze(dim))
+
+
 class LinearChunk(_Chunk):
     """A chunk of logistic-regression clients: closed-form gradients and one matrix product per client for
     loss-before."""
@@ -46,9 +55,7 @@ class LinearChunk(_Chunk):
             ce = -log_p.gather(1, ys.unsqueeze(1)).squeeze(1)  # (A, B)
             weight = masks.to(z.dtype) / masks.sum(1, keepdim=True).to(z.dtype)  # m / n per row
             losses = (torch.where(masks, ce, torch.zeros_like(ce)) * weight).sum(1)
-            g = log_p.exp()
-            g.scatter_add_(1, ys.unsqueeze(1), -torch.ones_like(ys, dtype=z.dtype).unsqueeze(1))
-            g.mul_(weight.unsqueeze(1))  # dL/dz, (A, C, B)
+            g = logit_gradient(log_p, ys, weight, dim=1)  # dL/dz, (A, C, B)
             return {WEIGHT: torch.bmm(g, x), BIAS: g.sum(2)}, losses
 
     def loss_before(self) -> list[float]:

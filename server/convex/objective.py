@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from client.augment import normalise, to_tensor
+from client.linear import logit_gradient
 
 CONVEX_MODELS = ("logreg",)  # models whose population objective is convex (flower-optimum, eval_gap)
 WEIGHT, BIAS = "linear.weight", "linear.bias"  # client.models.LogisticRegression's state_dict
@@ -134,9 +135,7 @@ class PopulationObjective:
     def value_grad(self, w: np.ndarray) -> tuple[float, np.ndarray]:
         """(f(w), ∇f(w))."""
         _, logp = self._logits(w)
-        g = torch.exp(logp)
-        g[torch.arange(len(self.y)), self.y] -= 1.0
-        g.mul_(self.c[:, None])
+        g = logit_gradient(logp, self.y, self.c, dim=1)
         weight, bias = self.split(w)
         grad = torch.cat([(g.T @ self.x + self.mu * weight).ravel(), g.sum(0) + self.mu * bias])
         return self.value(w), grad.numpy()
