@@ -18,6 +18,12 @@ ENV = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK":
        "PYTHONUNBUFFERED": "1"}
 
 
+# The simulation reference of a deployment test whose subject is not the Ray engine: the batched engine, clients one
+# after another in the flower-simulation process (bitwise the Ray engine's final CNN for every strategy,
+# tests/server/test_batched_engine.py), without Ray's start-up. test_same_global_model_as_simulation keeps Ray.
+IN_PROCESS = ("engine=batched", "engine.workers=1")
+
+
 def overrides(data: dict[str, Path], run_dir: Path, *extra: str) -> list[str]:
     """A tiny but complete experiment: 4 clients, 2 rounds, cyclic halves, CNN, 2 local steps, 1 torch thread;
     in-round progress lines every 0.2 s."""

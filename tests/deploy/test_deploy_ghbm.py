@@ -7,7 +7,7 @@ files (strategies/client_state.py); 3 rounds with cyclic p = 2 make every client
 from __future__ import annotations
 
 import pytest
-from deploy_helpers import assert_same_model, flower_processes, overrides, rows, run_cli
+from deploy_helpers import IN_PROCESS, assert_same_model, flower_processes, overrides, rows, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -19,7 +19,7 @@ def test_fedhbm_deployment_equals_simulation(deploy_data, tmp_path):
     left = flower_processes(dep_dir / "deploy" / "flwr_home")
     assert not left, f"leftover processes: {left}"
     assert proc.returncode == 0, proc.stdout[-4000:]
-    sim = run_cli("flower-simulation", overrides(deploy_data, sim_dir, *extra), timeout=300)
+    sim = run_cli("flower-simulation", overrides(deploy_data, sim_dir, *extra, *IN_PROCESS), timeout=300)
     assert sim.returncode == 0, sim.stdout[-4000:]
     assert_same_model(dep_dir, sim_dir)
     keys = ("round", "accuracy", "loss", "train_loss", "num_replies", "num_failures")

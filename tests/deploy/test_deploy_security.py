@@ -13,7 +13,7 @@ import ipaddress
 import threading
 
 import pytest
-from deploy_helpers import assert_same_model, compose, flower_processes, overrides, rows, run_cli
+from deploy_helpers import IN_PROCESS, assert_same_model, compose, flower_processes, overrides, rows, run_cli
 from security_helpers import (
     acquire_task,
     federation_sockets,
@@ -33,9 +33,9 @@ ROUNDS = "num_rounds=3"
 
 @pytest.fixture(scope="module")
 def sim_reference(deploy_data, tmp_path_factory):
-    """The 3-round experiment in simulation (bitwise equal to an honest deployment, see test_deploy_local)."""
+    """The 3-round experiment in simulation, batched engine (bitwise equal to an honest deployment and to Ray)."""
     run_dir = tmp_path_factory.mktemp("sim3") / "run"
-    proc = run_cli("flower-simulation", overrides(deploy_data, run_dir, ROUNDS), timeout=240)
+    proc = run_cli("flower-simulation", overrides(deploy_data, run_dir, ROUNDS, *IN_PROCESS), timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return run_dir
 

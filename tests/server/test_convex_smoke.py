@@ -40,6 +40,7 @@ def sweep(tiny_data, tmp_path_factory):
     return root, runs
 
 
+@pytest.mark.e2e
 def test_pop_gap_is_written_and_never_below_f_star(sweep):
     for run in sweep[1]:
         rows = read_metrics(run)
@@ -52,6 +53,7 @@ def test_pop_gap_is_written_and_never_below_f_star(sweep):
         assert (run / "gap.png").stat().st_size > 0
 
 
+@pytest.mark.e2e
 def test_the_runs_f_star_is_a_true_minimiser(sweep):
     """f* = log 10 − pop_gap(round 0) is the cached optimum, ‖∇f(w*)‖ ≤ 1e-8, and f grows in every direction."""
     cfg = json.loads((sweep[1][0] / "config.json").read_text())
@@ -76,6 +78,7 @@ def per_seed(runs, strategy, metric):
     return {r.seed: r.rows[-1][metric] for r in loaded if r.params["strategy"] == strategy}
 
 
+@pytest.mark.e2e
 def test_report_has_ci_and_paired_comparison_equal_to_scipy(sweep, tmp_path):
     root, runs = sweep
     proc = report(root, "--metric", "pop_gap", "--compare", "strategy=fedavg", "strategy=fedcm", "--out", tmp_path)
@@ -101,6 +104,7 @@ def test_report_has_ci_and_paired_comparison_equal_to_scipy(sweep, tmp_path):
     assert float(final["p"]) == pytest.approx(test.pvalue, rel=1e-9)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "compare, drop, message",
     [

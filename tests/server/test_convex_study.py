@@ -1,7 +1,8 @@
 """issue 17 part 5: the smoke version of the convex study (benchmarks/convex_study.py --scale smoke) on generated
 data: every stage through the real ``flower-simulation -m``, 2 seeds, few rounds; checks the tuning choice, the
 eval_tail rounds, every report column and section (CI, amplitude, paired comparisons), the figures, the statistics
-against scipy and that a rerun skips every finished job."""
+against scipy and that a rerun skips every finished job. The tests that read the study are e2e (the full suite);
+the bad-input test stays in the fast tier."""
 
 import csv
 import json
@@ -41,6 +42,7 @@ def runs(folder):
     return sorted(p.parent for p in folder.glob("*/metrics.jsonl"))
 
 
+@pytest.mark.e2e
 def test_tuning_picks_the_smallest_last_10_percent_gap(study):
     out = study[0]
     tuned = json.loads((out / "tuned.json").read_text())
@@ -56,6 +58,7 @@ def test_tuning_picks_the_smallest_last_10_percent_gap(study):
         assert tuned["seed000"][method]["strategy.client_lr"] == min(scores, key=scores.get)
 
 
+@pytest.mark.e2e
 def test_final_runs_evaluate_every_round_of_the_tail_only(study):
     out = study[0]
     finals = runs(out / "seed000" / "tuned") + runs(out / "seed000" / "uniform") + runs(out / "seed001" / "tuned")
@@ -68,6 +71,7 @@ def test_final_runs_evaluate_every_round_of_the_tail_only(study):
         assert json.loads((run / "status.json").read_text())["status"] == "finished"
 
 
+@pytest.mark.e2e
 def test_reports_have_every_column_section_and_figure(study):
     out, img, _ = study
     reports = out / "reports"
@@ -91,6 +95,7 @@ def test_reports_have_every_column_section_and_figure(study):
     assert len(groups) == 2 and all("method=" in g for g in groups)  # cyclic − uniform within each method
 
 
+@pytest.mark.e2e
 def test_amplitude_and_comparison_statistics_match_the_metrics(study):
     out = study[0]
     per_method = {}
@@ -118,6 +123,7 @@ def test_amplitude_and_comparison_statistics_match_the_metrics(study):
     assert float(final["p"]) == pytest.approx(test.pvalue, rel=1e-9)
 
 
+@pytest.mark.e2e
 def test_a_rerun_skips_every_finished_job(study):
     out, _, data = study
     proc = driver(out, data, "--dry-run")

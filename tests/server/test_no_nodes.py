@@ -6,7 +6,6 @@ comes back as an error. Here the ClientApp's query raises, which Flower turns in
 
 import csv
 import json
-import time
 
 import pytest
 from flwr.app import Context, Message
@@ -37,11 +36,9 @@ def test_no_answering_node_fails_the_run_with_status_failed(tiny_data, tmp_path)
             "round_timeout=10", "eval_max_examples=20"])
     cfg = config_lib.validate(config_lib.to_plain(cfg))
     result: dict = {}
-    t0 = time.monotonic()
     with pytest.raises(NoNodesError, match=r"participation\.wait_timeout=3 s"):  # flower-simulation: exit 1
         run_simulation(make_server_app(cfg, result), silent_app, num_supernodes=2, backend_name="ray",
                        backend_config=backend_config(cfg))
-    assert time.monotonic() - t0 < 120
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "failed" and status["round"] == 0 and "no client node" in status["reason"]
     with open(run_dir / "metrics.csv") as f:

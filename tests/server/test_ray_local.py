@@ -60,13 +60,11 @@ def test_default_starts_a_fresh_local_ray_whatever_the_environment_says(tiny_dat
 
 def test_auto_with_a_stale_cluster_file_exits_2_at_once(tiny_data, tmp_path, ray_tmp):
     stale = _stale_cluster_file(ray_tmp)
-    start = time.time()
     proc = _run(sim_args(tiny_data, tmp_path / "run", "backend.address=auto"), ray_tmp, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     [line] = proc.stderr.strip().splitlines()
     assert "'backend.address'" in line and stale in line and "ray_current_cluster" in line
-    assert time.time() - start < 60
-    assert not list((ray_tmp / "ray").glob("session_*")), "no Ray may start"
+    assert not list((ray_tmp / "ray").glob("session_*")), "no Ray may start: the error comes before any work"
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def test_sigterm_ends_the_run(tmp_path, main_thread):
         assert proc.returncode == 128 + signal.SIGTERM and took < stop.GUARD_GRACE and "forced" not in last
     else:  # nothing in the process can run: the guard ends it after its grace period
         assert proc.returncode == -signal.SIGKILL and "forced" in last
-        assert stop.GUARD_GRACE <= took < stop.GUARD_GRACE + 5
+        assert took >= stop.GUARD_GRACE and f"within {stop.GUARD_GRACE:g} s" in last  # not before its grace
     assert _gone(guards), "the guard outlived the run"
 
 
