@@ -9,9 +9,9 @@ module), so the product's ClientApp holds no test switch.
 Kinds: those of ``tests/broken_app.py`` (``wrong-shape``, ``nan``, ``zero-num-examples``, ... : its
 ``corrupt`` is reused) plus ``scale`` (weights x 1.1: finite, right shape, a plausible-looking poisoned update).
 ``query-delay=<s>`` makes the node answer the partition query ``s`` seconds late (so another node claims the
-partition first); ``train-delay=<s>`` makes it train ``s`` seconds longer (so a test can kill it mid-round);
-``train-gate=<path>`` / ``query-gate=<path>`` hold its training / its query answer until that file exists (a
-test's event).
+partition first); ``train-gate=<path>`` / ``query-gate=<path>`` hold its training / its query answer until that
+file exists (a test's event); ``train-started=<path>`` creates that file when a train message starts (the event a
+fault test kills on).
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def _wait_gate(context: Context, key: str) -> None:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    time.sleep(float(context.node_config.get("train-delay", 0)))  # a slow client (fault tests kill it meanwhile)
+    started = str(context.node_config.get("train-started", ""))
+    if started:
+        Path(started).touch()
     _wait_gate(context, "train-gate")
     reply = product.train(msg, context)
     kinds = str(context.node_config.get("misbehave", "")).split(",")

@@ -20,43 +20,22 @@ from server.run import procs
 pytestmark = pytest.mark.e2e
 
 
-CLIENTAPP_MARKERS = ("flwr-clientapp", "clientapp-worker")  # stock Flower / server.deploy.flwr_fast's worker and forks
-TRAIN_DELAY = 6.0  # the victim trains this much longer (test ClientApp `train-delay`)
-MIN_AGE = 2.5  # a ClientApp process alive this long is training (partition queries end well within a second)
-
-
-def _task_processes(node: procs.ManagedProcess, table) -> set[int]:
-    """The node's ClientApp task processes: fresh ``flwr-clientapp`` ones, or forks of the warm worker."""
-    found = set()
-    for pid in node.members(table):
-        line = procs.cmdline(pid)
-        if "flwr-clientapp" in line or ("clientapp-worker" in line and "clientapp-worker" in procs.cmdline(
-                table[pid][0])):
-            found.add(pid)
-    return found
-
-
-def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool, out: dict,
+def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool, out: dict, victim: dict,
                         gate: Path | None = None) -> None:
-    """Thread: once SuperNode ``partition`` has had a ClientApp process alive for ``MIN_AGE`` s (its round-1
-    training, slowed down by ``_slow_node``), signal its whole process group, then maybe restart it. The message
+    """Thread: once SuperNode ``partition``'s ClientApp is inside its round-1 training (it created
+    ``victim["train-started"]`` and holds until ``victim["train-gate"]`` exists: test ClientApp keys), signal its
+    whole process group, open its gate (for the restarted node's later rounds), then maybe restart it. The message
     was pulled, so the node's reply can no longer arrive."""
     node = fed.supernodes[partition]
-    first_seen: dict[int, float] = {}
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        table = procs.process_table()
-        node.snapshot(table)
-        now = time.monotonic()
-        tasks = _task_processes(node, table)
-        first_seen = {pid: first_seen.get(pid, now) for pid in tasks}
-        if any(now - t >= MIN_AGE for t in first_seen.values()):
-            out["mid_training"] = True
-            break
+    started, victim_gate = Path(victim["train-started"]), Path(victim["train-gate"])
+    deadline = time.monotonic() + 300
+    while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    out["mid_training"] = started.exists()
     node.signal(sig)
     procs.wait_gone([node], 20)
     out["killed"] = True
+    victim_gate.touch()
     if restart:
         fed.start_supernode(partition, fed.num_partitions)  # rejoin: the same command (and key) again
     if gate is not None:  # open the others' gate once the SuperLink lists every node online again
@@ -66,16 +45,18 @@ def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool
         gate.touch()
 
 
-def _slow_victim(fed: Federation, out: dict, partition: int, sig: int, restart: bool,
+def _held_victim(fed: Federation, out: dict, partition: int, sig: int, restart: bool,
                  gate: Path | None = None) -> None:
-    """on_start part: make ``partition``'s node slow (and, with a ``gate`` file, hold the others' round-1 training
-    until the killer thread has seen the victim back online, so round 2 finds it), wait for the 4 nodes, start the
-    killer thread."""
-    restart_with(fed, {partition: {"train-delay": str(TRAIN_DELAY)}, **({p: {"train-gate": str(gate)}
-                                                                         for p in fed.supernodes if p != partition}
-                                                                        if gate else {})})
+    """on_start part: make ``partition``'s node hold in training until killed (and, with a ``gate`` file, hold the
+    others' round-1 training until the killer thread has seen the victim back online, so round 2 finds it), wait
+    for the 4 nodes, start the killer thread."""
+    victim = {"train-started": str(fed.log_dir / f"partition-{partition}.train-started"),
+              "train-gate": str(fed.log_dir / f"partition-{partition}.killed")}  # held in training until killed
+    restart_with(fed, {partition: victim, **({p: {"train-gate": str(gate)} for p in fed.supernodes if p != partition}
+                                             if gate else {})})
     out["ids_before"] = sorted(fed.wait_nodes(4))
-    threading.Thread(target=_kill_when_training, args=(fed, partition, sig, restart, out, gate), daemon=True).start()
+    threading.Thread(target=_kill_when_training, args=(fed, partition, sig, restart, out, victim, gate),
+                     daemon=True).start()
 
 
 def _watch(fed: Federation, out: dict) -> Callable[[str], None]:
@@ -107,7 +88,7 @@ def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, misbehavin
     out: dict = {}
 
     def on_start(fed: Federation) -> None:  # the others wait for the restarted node: round 2 finds it back
-        _slow_victim(fed, out, 1, signal.SIGTERM, True, gate=tmp_path / "gate")
+        _held_victim(fed, out, 1, signal.SIGTERM, True, gate=tmp_path / "gate")
         out["on_line"] = _watch(fed, out)
 
     result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start)
@@ -137,7 +118,7 @@ def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, misbehavi
     out: dict = {}
 
     def on_start(fed: Federation) -> None:
-        _slow_victim(fed, out, _first_group(cfg)[0], signal.SIGKILL, True)
+        _held_victim(fed, out, _first_group(cfg)[0], signal.SIGKILL, True)
         out["on_line"] = _watch(fed, out)
 
     result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start)
