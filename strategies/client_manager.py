@@ -88,20 +88,25 @@ class PartitionClientManager:
 
     def wait_for_nodes(self, grid: Grid) -> int:
         """Block until ``wait_for`` partitions have a node, or until ``wait_timeout`` passes; nodes that did not
-        answer are asked again. Returns the number of partitions with a node."""
+        answer are asked again. Returns the number of partitions with a node. Nodes still starting are not
+        silent during this start-up wait (``wait_timeout`` is its budget, not ``query_timeout``): a slow start
+        (Ray actors importing torch on a loaded machine) is not counted in ``num_silent``."""
         deadline = time.monotonic() + self.wait_timeout
         everything = range(self.num_clients)
         while True:
-            self.refresh(grid, everything, timeout=max(0.0, min(self.query_timeout, deadline - time.monotonic())))
+            self.refresh(grid, everything, timeout=max(0.0, min(self.query_timeout, deadline - time.monotonic())),
+                         silence=False)
             mapped = len(set(self.node_to_partition.values()))
             if mapped >= self.wait_for or time.monotonic() >= deadline:
                 return mapped
             log(INFO, "Waiting for nodes: %d of %d partitions answered", mapped, self.wait_for)
             time.sleep(1.0)
 
-    def refresh(self, grid: Grid, need: Collection[int] = (), timeout: float | None = None) -> None:
+    def refresh(self, grid: Grid, need: Collection[int] = (), timeout: float | None = None,
+                silence: bool = True) -> None:
         """Forget departed nodes, collect query answers, ask new nodes; while a partition of ``need`` has no node,
-        wait up to ``timeout`` (default ``query_timeout``) for the answers of nodes that could serve it."""
+        wait up to ``timeout`` (default ``query_timeout``) for the answers of nodes that could serve it; then (with
+        ``silence``) mark the nodes whose query is older than ``query_timeout`` silent."""
         connected = set(grid.get_node_ids())
         self._forget(connected)
         self._collect(grid)
@@ -110,7 +115,8 @@ class PartitionClientManager:
         while self._worth_waiting(need, limit):
             time.sleep(self.poll_interval)
             self._collect(grid)
-        self._mark_silent()
+        if silence:
+            self._mark_silent()
 
     def _forget(self, connected: set[int]) -> None:
         """Drop what is known about nodes that left (a node that comes back is asked again)."""

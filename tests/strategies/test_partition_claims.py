@@ -202,6 +202,29 @@ def test_silent_node_is_not_waited_for_and_counted_every_round(clock):
     assert 4 not in m.silent_rounds and m.refused == {4: [13]}
 
 
+class SlowStartGrid(ScriptedGrid):
+    """Node 12 answers its query only ``delay`` seconds (of the fake clock) after the first pull: a slow start."""
+
+    def __init__(self, answers: dict, clock: Clock, delay: float) -> None:
+        super().__init__({**answers, 12: SILENT})
+        self.clock, self.delay, self.start = clock, delay, None
+
+    def pull_messages(self, message_ids):
+        self.start = self.clock.now if self.start is None else self.start
+        if self.answers[12] is SILENT and self.clock.now - self.start >= self.delay:
+            self.wake(12, claim(1))
+        return super().pull_messages(message_ids)
+
+
+def test_a_node_slower_to_start_than_query_timeout_is_not_silent(clock):
+    """In the start-up wait (wait_timeout = 60 s) a node that answers after 10 s, longer than query_timeout
+    (3 s), is waited for and never counted silent: round 1 runs both partitions with num-silent 0."""
+    grid = SlowStartGrid({11: claim(0)}, clock, delay=10.0)
+    m = manager()
+    assert m.select(1, grid) == [11, 12]
+    assert clock.now - grid.start >= 10.0 and m.round_counts(1)["num-silent"] == 0 and not m.silent
+
+
 def test_node_silent_on_train_is_skipped_until_it_answers_a_query(clock):
     grid = ScriptedGrid({11: claim(0), 12: claim(1)})
     m = manager()
