@@ -231,6 +231,14 @@ def encode_split(spec: TaskSpec, parts: Iterator[Any], n: int, meta: Mapping[str
     return offsets
 
 
+def check_partitions(spec: TaskSpec, sizes: list[int], ids: list[str]) -> None:
+    """Every partition holds an example; DataSourceError naming the first empty one otherwise."""
+    empty = [p for p, n in enumerate(sizes) if n == 0]
+    if empty:
+        raise DataSourceError(f"{spec.name}: partition {empty[0]} (natural id {ids[empty[0]]!r}) of the train split "
+                              f"has no examples ({len(empty)} of {len(sizes)} partitions are empty)")
+
+
 def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: int) -> None:
     """Partition the train split with the task's flwr-datasets partitioner and encode every split."""
     train = splits["train"]
@@ -240,9 +248,10 @@ def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: in
     parts = [partitioner.load_partition(p) for p in range(partitioner.num_partitions)]  # index views, no copy
     if not parts:
         raise DataSourceError(f"{spec.name}: the train split of {len(train)} rows yields no client partition")
-    meta = dict(spec.prepare(train))
     ids = [str(v) for v in getattr(partitioner, "partition_id_to_natural_id", {}).values()] or \
         [str(p) for p in range(len(parts))]
+    check_partitions(spec, [len(part) for part in parts], ids)  # before any encoding
+    meta = dict(spec.prepare(train))
     num_rows = sum(len(part) for part in parts)
     offsets = encode_split(spec, iter(parts), num_rows, meta, entry, "train")
     rows = {"train": num_rows}
