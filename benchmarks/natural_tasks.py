@@ -70,7 +70,7 @@ class OneLineParser(argparse.ArgumentParser):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Options, every one checked before any work (a bad one: one line on stderr, exit 2)."""
     p = OneLineParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="folder of the copies, caches, run dirs and results (not in the repo)")
+    p.add_argument("--out", help="folder of the copies, caches, run dirs and results (not in the repo)")
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {','.join(TASKS)}")
     p.add_argument("--rounds", type=int, default=3, help="rounds per flower-simulation run (>= 2)")
     p.add_argument("--scale", type=float, default=1.0, help="fraction of each task's real size, in (0, 1]")
@@ -81,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.child_load:
         return args
+    if not args.out:
+        p.error("the following arguments are required: --out")
     for key, allowed in (("tasks", TASKS), ("engines", ENGINES), ("measure", MEASURES)):
         values = [v for v in getattr(args, key).split(",") if v]
         bad = [v for v in values if v not in allowed]
@@ -151,15 +153,15 @@ class PeakSampler(threading.Thread):
 
     def __init__(self, interval: float = 0.02) -> None:
         super().__init__(daemon=True)
-        self.interval, self.peak_anon, self._stop = interval, 0, threading.Event()
+        self.interval, self.peak_anon, self._done = interval, 0, threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             self.peak_anon = max(self.peak_anon, proc_status()["RssAnon"])
-            self._stop.wait(self.interval)
+            self._done.wait(self.interval)
 
     def stop(self) -> int:
-        self._stop.set()
+        self._done.set()
         self.join()
         self.peak_anon = max(self.peak_anon, proc_status()["RssAnon"])
         return self.peak_anon
