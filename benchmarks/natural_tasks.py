@@ -9,7 +9,10 @@ measures, each in a fresh subprocess running the project's own loading path (``c
   partitioning with the task's flwr-datasets partitioner and encoding into the memory-mapped cache (emptied
   first): wall seconds, peak RSS (``VmHWM``: counts the file pages the process maps, Arrow input and ``.npy``
   output) and peak anonymous memory (``RssAnon`` sampled every 20 ms: the process's own copies), both against
-  the baseline after the imports a run has (torch, datasets, flwr-datasets, the task modules);
+  the baseline after the imports a run has (torch, datasets, flwr-datasets, the task modules), for the
+  conversion and for partition + encode (VmHWM reset between them);
+- encode alone: partition + encode in a fresh process whose conversion is cached (the project's own peak,
+  without the memory the Arrow pool keeps from the conversion);
 - cache hit: the same call once the cache entry exists;
 - sizes: the copy on disk, the Arrow conversion, the cache entry and the bytes of the arrays the loader returns
   (``data bytes``); "one copy of the data per process" holds when peak anon - baseline <= data bytes plus the
@@ -204,11 +207,14 @@ def child_load(task: str, root: str, cache: str) -> dict[str, Any]:
             "code": str(Path(load_task.__code__.co_filename).parent)}
 
 
-def measure_load(task: str, root: Path, out: Path, first: bool) -> dict[str, Any]:
-    """A load in a fresh subprocess; ``first``: with the Arrow conversion and the encoded cache emptied first."""
+def measure_load(task: str, root: Path, out: Path, mode: str) -> dict[str, Any]:
+    """A load in a fresh subprocess. ``mode``: "first" empties the Arrow conversion and the encoded cache first
+    (what a run's first load does), "encode" the encoded cache only (partition + encode in a process that did not
+    convert: the project's own peak), "hit" nothing."""
     cache, hf = out / "cache" / task, out / "hf" / task
-    if first:
+    if mode in ("first", "encode"):
         shutil.rmtree(cache, ignore_errors=True)
+    if mode == "first":
         shutil.rmtree(hf, ignore_errors=True)
     env = {**os.environ, "HF_DATASETS_CACHE": str(hf), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
     load0 = os.getloadavg()[0]
@@ -257,18 +263,19 @@ def _phases(r: dict[str, Any], key: str, fmt: str, unit: float, base: float = 0.
 
 def print_table(results: dict[str, dict[str, Any]], engines: list[str]) -> None:
     head = ["task", "rows", "clients", "copy MiB", "arrow MiB", "first load s (convert + encode)", "peak RSS MiB",
-            "peak anon - base MiB (convert, encode)", "data MiB", "cache hit s",
+            "peak anon - base MiB (convert, encode)", "encode alone: peak anon - base MiB", "data MiB", "cache hit s",
             *[f"s/round {e} (r1)" for e in engines], "load avg"]
     print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     for task, r in results.items():
-        first, hit = r.get("first") or {}, r.get("hit") or {}
+        first, hit, encode = r.get("first") or {}, r.get("hit") or {}, r.get("encode") or {}
         cells = [task, f"{first.get('rows', r['rows']):,}", f"{first.get('partitions', r['clients']):,}",
                  mib(r["copy_bytes"]), mib(first.get("hf_bytes", 0)) if first else "",
                  _phases(first, "seconds", "{:.1f}", 1.0), f"{mib(first['peak_rss'])} (base {mib(first['base_rss'])})"
                  if first else "", _phases(first, "peak_anon", "{:,.0f}", 2**20, first.get("base_anon", 0)),
+                 mib(encode["encode_peak_anon"] - encode["base_anon"]) if encode else "",
                  mib(first["data_bytes"]) if first else "", f"{hit['seconds']:.2f}" if hit else ""]
         cells += [f"{r[e]['per_round']:.2f} ({r[e]['round1']:.1f})" if e in r else "" for e in engines]
-        loads = [x["load_avg"][0] for x in (first, hit, *(r.get(e, {}) for e in engines)) if x]
+        loads = [x["load_avg"][0] for x in (first, encode, hit, *(r.get(e, {}) for e in engines)) if x]
         cells.append(f"{min(loads):.1f}-{max(loads):.1f}" if loads else "")
         print("| " + " | ".join(cells) + " |")
 
@@ -287,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{task}: copy {root} ({mib(r['copy_bytes'])} MiB{f', written in {wrote:.0f} s' if wrote else ''})",
               flush=True)
         if "load" in args.measure:
-            r["first"] = measure_load(task, root, args.out, first=True)
-            r["hit"] = measure_load(task, root, args.out, first=False)
+            r["first"] = measure_load(task, root, args.out, "first")
+            r["encode"] = measure_load(task, root, args.out, "encode")
+            r["hit"] = measure_load(task, root, args.out, "hit")
             print(f"  first load {r['first']['seconds']:.1f} s, cache hit {r['hit']['seconds']:.2f} s", flush=True)
         if "rounds" in args.measure:
             for engine in args.engines:

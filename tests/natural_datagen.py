@@ -119,15 +119,18 @@ MAKERS = {"femnist": make_femnist, "shakespeare": make_shakespeare, "cifar100": 
 # row group, so generation holds one row group at a time. Rows are grouped by client, as in the hub copies
 # (LEAF's per-user files); client sizes are lognormal with the real data's coefficient of variation.
 ROW_GROUP = 65_536
+IMAGE_ROW_GROUP = 100  # push_to_hub's row groups for image datasets in datasets 2.x, which wrote the flwrlabs copies
 
 
 class ParquetSink:
-    """Appends pyarrow tables to ``path`` in row groups of about ROW_GROUP rows."""
+    """Appends pyarrow tables to ``path``, written in row groups of ROW_GROUP rows (IMAGE_ROW_GROUP with images)."""
 
     def __init__(self, path: Path, features: datasets.Features) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.schema = features.arrow_schema
         self.writer = pq.ParquetWriter(str(path), self.schema)
+        self.row_group = IMAGE_ROW_GROUP if any(isinstance(f, datasets.Image) for f in features.values()) \
+            else ROW_GROUP
         self.pending: list[pa.Table] = []
         self.rows = 0
 
@@ -140,7 +143,7 @@ class ParquetSink:
     def flush(self) -> None:
         if self.pending:
             table = pa.concat_tables(self.pending)
-            self.writer.write_table(table, row_group_size=ROW_GROUP)
+            self.writer.write_table(table, row_group_size=self.row_group)
             self.rows += table.num_rows
             self.pending = []
 
