@@ -43,3 +43,9 @@ class ArrowNaturalIdPartitioner(NaturalIdPartitioner):
         bounds = np.concatenate([[0], np.cumsum(np.bincount(partition_of_row, minlength=len(ids)))])
         del partition_of_row
         self._partition_id_to_indices = {p: rows[bounds[p] : bounds[p + 1]] for p in range(len(ids))}
+
+    def partition_sizes(self) -> np.ndarray:
+        """Rows of each partition, in partition-id order (from the index table: no ``Dataset.select``)."""
+        if not self._partition_id_to_indices:
+            self.load_partition(0)  # builds the id maps and the index table
+        return np.asarray([len(self._partition_id_to_indices[p]) for p in range(self.num_partitions)])

@@ -26,9 +26,11 @@ def test_same_partitions_as_flwr_datasets(column):
     train = train.add_column("number", [int(c.split("_")[1]) * 7 % 11 for c in train["character_id"]])
     train = train.add_column("__row", list(range(len(train))))
     train = datasets.concatenate_datasets([train.select(range(20)), train.select(range(20, len(train)))])  # 2 chunks
-    ours, our_ids = _partitions(ArrowNaturalIdPartitioner(partition_by=column), train)
+    lean = ArrowNaturalIdPartitioner(partition_by=column)
+    ours, our_ids = _partitions(lean, train)
     theirs, their_ids = _partitions(NaturalIdPartitioner(partition_by=column), train)
     assert our_ids == their_ids and len(ours) == len(set(train[column])) > 1
+    assert list(lean.partition_sizes()) == [len(rows) for rows in theirs]
     assert ours == theirs and any(np.any(np.diff(rows) > 1) for rows in ours)  # interleaved clients
 
 
