@@ -1,8 +1,8 @@
 """``flwr_datasets``' ``NaturalIdPartitioner`` with index tables of 4 + 8 bytes per row (issue 20 item 6).
 
 The parent builds its partition -> rows table from ``np.array(dataset[partition_by])`` (every row's id as a
-fixed-width NumPy unicode string: Shakespeare's 40-odd-character role ids take ~180 bytes a row, half again the
-size of the row itself) and one Python list of Python ints per natural id (~36 bytes a row). This subclass
+fixed-width NumPy unicode string: Shakespeare's 40-odd-character role ids take ~180 bytes a row, twice the
+81 bytes the row encodes to) and one Python list of Python ints per natural id (~36 bytes a row). This subclass
 builds the same table with Arrow and NumPy: each row's partition id (``pyarrow.compute.index_in`` against the
 sorted natural ids, int32) and one stable argsort (int64); partition ``p``'s rows are a view of that sort.
 
