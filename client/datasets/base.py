@@ -10,7 +10,8 @@ rows become arrays. Its data come from, in order:
   caches the download in ``$HF_HOME``); a failed download is a :class:`DataSourceError` naming the dataset.
 
 The train split is partitioned by the real ``flwr_datasets`` partitioner of the task (``NaturalIdPartitioner``
-on the natural-id column, or the task's own ``Partitioner`` subclass). Partition id ``p`` is the p-th natural id
+on the natural-id column, as its subclass ``ArrowNaturalIdPartitioner`` with lean index tables, or the task's own
+``Partitioner`` subclass). Partition id ``p`` is the p-th natural id
 in sorted order (``NaturalIdPartitioner``'s documented order), so ids are stable across runs and machines.
 
 Encoding runs once per machine into a cache entry (like ``client.data``): every array is written partition by
@@ -181,9 +182,11 @@ def check_columns(spec: TaskSpec, dataset: Any, where: str) -> None:
 
 # --------------------------------------------------------------------------- partition + encode
 def make_partitioner(spec: TaskSpec, seed: int) -> Any:
-    from flwr_datasets.partitioner import NaturalIdPartitioner
+    """The task's own partitioner, else flwr-datasets' NaturalIdPartitioner with lean index tables
+    (:mod:`client.datasets.natural_ids`: the same partitions, 12 bytes of index per row)."""
+    from client.datasets.natural_ids import ArrowNaturalIdPartitioner
 
-    return spec.partitioner(seed) if spec.partitioner else NaturalIdPartitioner(partition_by=spec.partition_by)
+    return spec.partitioner(seed) if spec.partitioner else ArrowNaturalIdPartitioner(partition_by=spec.partition_by)
 
 
 def _iter_rows(dataset: Any) -> Iterator[dict[str, Any]]:
@@ -231,20 +234,33 @@ def encode_split(spec: TaskSpec, parts: Iterator[Any], n: int, meta: Mapping[str
     return offsets
 
 
+def check_partitions(spec: TaskSpec, sizes: list[int], ids: list[str]) -> None:
+    """Every partition holds an example; DataSourceError naming the first empty one otherwise."""
+    empty = [p for p, n in enumerate(sizes) if n == 0]
+    if empty:
+        raise DataSourceError(f"{spec.name}: partition {empty[0]} (natural id {ids[empty[0]]!r}) of the train split "
+                              f"has no examples ({len(empty)} of {len(sizes)} partitions are empty)")
+
+
 def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: int) -> None:
     """Partition the train split with the task's flwr-datasets partitioner and encode every split."""
     train = splits["train"]
     partitioner = make_partitioner(spec, seed)
     partitioner.dataset = train
     os.environ.setdefault("TQDM_DISABLE", "1")  # NaturalIdPartitioner's progress bar
-    parts = [partitioner.load_partition(p) for p in range(partitioner.num_partitions)]  # index views, no copy
-    if not parts:
+    num = partitioner.num_partitions
+    if not num:
         raise DataSourceError(f"{spec.name}: the train split of {len(train)} rows yields no client partition")
-    meta = dict(spec.prepare(train))
     ids = [str(v) for v in getattr(partitioner, "partition_id_to_natural_id", {}).values()] or \
-        [str(p) for p in range(len(parts))]
-    num_rows = sum(len(part) for part in parts)
-    offsets = encode_split(spec, iter(parts), num_rows, meta, entry, "train")
+        [str(p) for p in range(num)]
+    # One partition view at a time: a non-contiguous Dataset.select() holds ~200 KB while it lives (CIFAR-100's
+    # 500 views held together: 104 MiB, docs/benchmarks.md); the lean natural-id partitioner knows its sizes.
+    sizes = [int(n) for n in partitioner.partition_sizes()] if hasattr(partitioner, "partition_sizes") else \
+        [len(partitioner.load_partition(p)) for p in range(num)]
+    check_partitions(spec, sizes, ids)  # before any encoding
+    meta = dict(spec.prepare(train))
+    num_rows = sum(sizes)
+    offsets = encode_split(spec, (partitioner.load_partition(p) for p in range(num)), num_rows, meta, entry, "train")
     rows = {"train": num_rows}
     if "test" in splits:
         encode_split(spec, iter([splits["test"]]), len(splits["test"]), meta, entry, "test")

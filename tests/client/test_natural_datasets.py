@@ -147,3 +147,25 @@ def test_cifar100_copy_without_enough_rows_for_a_client(tmp_path):
     with pytest.raises(DataSourceError):
         load_task("cifar100", str(write(make_cifar100(num_rows=60, test_rows=5), tmp_path / "c")),
                   str(tmp_path / "cache"))
+
+
+def test_partition_with_no_examples_is_one_line_before_encoding(tmp_path, monkeypatch):
+    """A partitioner that leaves a client empty (flwr-datasets' Dirichlet split with min_partition_size=0,
+    40 clients of 61 rows) is a one-line error naming data.root, raised before any array is encoded."""
+    import dataclasses
+
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    import client.datasets as natural
+
+    specs = dict(natural.tasks())
+    specs["femnist"] = dataclasses.replace(specs["femnist"], partitioner=lambda seed: DirichletPartitioner(
+        num_partitions=40, partition_by="character", alpha=0.1, min_partition_size=0, seed=seed))
+    monkeypatch.setattr(natural, "tasks", lambda: specs)
+    root = write(make_femnist(), tmp_path / "copy")
+    with pytest.raises(ConfigError) as err:
+        validate(_cfg("femnist", root, tmp_path / "cache"))
+    message = str(err.value)
+    assert message.startswith("'data.root': femnist: partition ") and "has no examples" in message
+    assert "\n" not in message
+    assert not list((tmp_path / "cache").rglob("*.npy*"))  # nothing encoded
