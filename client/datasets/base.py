@@ -254,7 +254,7 @@ def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: in
     ids = [str(v) for v in getattr(partitioner, "partition_id_to_natural_id", {}).values()] or \
         [str(p) for p in range(num)]
     # One partition view at a time: a non-contiguous Dataset.select() holds ~200 KB while it lives (CIFAR-100's
-    # 500 views held together: 104 MiB, docs/benchmarks.md); the lean natural-id partitioner knows its sizes.
+    # 500 views held together: 104 MiB, docs/benchmarks.md); the project's partitioners know their sizes.
     sizes = [int(n) for n in partitioner.partition_sizes()] if hasattr(partitioner, "partition_sizes") else \
         [len(partitioner.load_partition(p)) for p in range(num)]
     check_partitions(spec, sizes, ids)  # before any encoding

@@ -89,6 +89,10 @@ class PachinkoPartitioner(Partitioner):
     def load_partition(self, partition_id: int) -> Any:
         return self.dataset.select(self._split()[partition_id])
 
+    def partition_sizes(self) -> np.ndarray:
+        """Rows of each partition, in partition-id order (from the split: no ``Dataset.select``)."""
+        return np.asarray([len(rows) for rows in self._split()])
+
 
 def _arrays(meta: Mapping[str, Any], n: int) -> dict[str, tuple[tuple[int, ...], Any]]:
     return {"x": ((n, 32, 32, 3), np.uint8), "y": ((n,), np.int16)}
