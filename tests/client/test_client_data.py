@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ from PIL import Image
 from client import data
 from client.data import DECODE_STATS, load_dataset, normalisation_stats
 
+ROOT = Path(__file__).resolve().parents[2]
 NUM_CLASSES, PER_CLASS, TEST_PER_CLASS = 4, 25, 12  # the image_folder fixture of conftest.py
 
 
@@ -54,17 +57,40 @@ def test_cache_is_reused_and_invalidated(tarball: Path, tmp_path: Path) -> None:
     assert DECODE_STATS["decoded"] == before + 2
 
 
-def _load_in_child(args: tuple[str, str]) -> int:
-    load_dataset("cifar10_folder", args[0], args[1])
-    return DECODE_STATS["decoded"]
+# A child interpreter: import, say ready, wait for "go" (all three load at once), load, print its decode count.
+CHILD = """
+import sys, time
+from pathlib import Path
+from client.data import DECODE_STATS, load_dataset
+ready, go = Path(sys.argv[3]), Path(sys.argv[4])
+ready.touch()
+while not go.exists():
+    time.sleep(0.01)
+load_dataset("cifar10_folder", sys.argv[1], sys.argv[2])
+print(DECODE_STATS["decoded"])
+"""
 
 
 def test_concurrent_processes_decode_once(tarball: Path, tmp_path: Path) -> None:
-    start = DECODE_STATS["decoded"]
-    with mp.get_context("fork").Pool(3) as pool:
-        counts = pool.map(_load_in_child, [(str(tarball), str(tmp_path))] * 3)
-    assert sum(c - start for c in counts) == 1
-    ds = load_dataset("cifar10_folder", tarball, tmp_path)
+    """Three fresh processes load the same source at once: exactly one decodes (the cache's flock), every one gets
+    the data. Fresh interpreters, not forks of this (threaded) test worker: a fork can inherit a held lock."""
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(3)]
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, str(tarball), str(tmp_path / "cache"), str(r), str(go)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                for r in ready]
+    try:
+        while not all(r.exists() for r in ready):
+            assert all(c.poll() is None for c in children), [c.communicate() for c in children]
+            time.sleep(0.01)
+        go.touch()
+        outs = [c.communicate(timeout=120) for c in children]
+    finally:
+        for c in children:
+            c.kill()
+    assert [c.returncode for c in children] == [0, 0, 0], outs
+    assert sorted(int(out.split()[-1]) for out, _ in outs) == [0, 0, 1]
+    ds = load_dataset("cifar10_folder", tarball, tmp_path / "cache")
     assert len(ds.y_train) == NUM_CLASSES * PER_CLASS
 
 
