@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from client.partition import parse_alpha
-from client.task_models import NATURAL_DATASETS
+from client.tasks import NATURAL_DATASETS
 from client.train import TrainConfig
 from strategies import protocol as P
 

@@ -10,12 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-TASK_MODELS = ("femnist_cnn", "resnet18", "char_lstm", "so_logreg", "so_lstm")
-MODEL_OUTPUTS = {"femnist_cnn": 62, "resnet18": 100, "char_lstm": 81, "so_logreg": 500, "so_lstm": 10_004}
-# seed 001's tasks (client/datasets/) and the model each is trained with (§8, App. C); light to import
-TASK_MODEL = {"femnist": "femnist_cnn", "cifar100": "resnet18", "shakespeare": "char_lstm",
-              "stackoverflow_tp": "so_logreg", "stackoverflow_nwp": "so_lstm"}
-NATURAL_DATASETS = tuple(TASK_MODEL)
+from client.tasks import MODEL_OUTPUTS, NATURAL_DATASETS, TASK_MODEL, TASK_MODELS  # noqa: F401 - re-exported
+
 GN_GROUPS = 2  # Hsieh et al. (2020) / Reddi et al. (2021): GroupNorm with 2 groups in place of BatchNorm
 
 

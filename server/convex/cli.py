@@ -35,7 +35,7 @@ def compose(overrides: Sequence[str]) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: ``flower-optimum [HYDRA OVERRIDES...]``."""
-    from server.convex.optimum import check_convex
+    from server.convex.checks import check_convex
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):

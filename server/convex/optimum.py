@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from client.data import Dataset, _locked, default_cache_dir
-from server.convex.objective import CONVEX_MODELS, PopulationObjective, example_weights, features
+from server.convex.checks import CONVEX_MODELS, check_convex  # noqa: F401 - re-exported
+from server.convex.objective import PopulationObjective, example_weights, features
 from server.convex.solver import TOL, solve
 from server.run.config import ConfigError
 
@@ -52,17 +52,6 @@ class Optimum:
                 "cached": self.cached, "seconds": round(self.seconds, 2),
                 "cpu_seconds": round(self.cpu_seconds, 2), "lbfgs_iterations": self.lbfgs_iterations,
                 "newton_iterations": self.newton_iterations, "cache": str(self.path)}
-
-
-def check_convex(cfg: Mapping[str, Any], what: str) -> float:
-    """μ = ``client.weight_decay`` of a config whose model is convex; ConfigError (naming ``what``) otherwise."""
-    model = cfg.get("model", {}).get("name")
-    if model not in CONVEX_MODELS:
-        raise ConfigError(f"{what}: model.name={model} is not convex; f* and pop_gap need model={CONVEX_MODELS[0]}")
-    mu = cfg.get("client", {}).get("weight_decay", 0.0)
-    if isinstance(mu, bool) or not isinstance(mu, int | float) or not math.isfinite(mu) or mu < 0:
-        raise ConfigError(f"'client.weight_decay' (μ of f) must be a finite number >= 0, got {mu!r}")
-    return float(mu)
 
 
 def objective(cfg: Mapping[str, Any], ds: Dataset) -> PopulationObjective:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from client.partition import parse_alpha
-from client.task_models import MODEL_OUTPUTS, NATURAL_DATASETS, TASK_MODEL
+from client.tasks import MODEL_OUTPUTS, NATURAL_DATASETS, TASK_MODEL
 from strategies import math as fm
 from strategies.participation import make_schedule
 
@@ -222,7 +222,7 @@ def _validate_eval_train(cfg: dict[str, Any]) -> None:
 def _validate_eval_gap(cfg: dict[str, Any]) -> None:
     """``eval_gap``: bool, the ``pop_gap`` column f(x^t) − f* (docs/convex.md); it needs ``eval_train=true`` and a
     convex model; ``eval_fstar``: null (f* solved through the cache) or a finite number, only with ``eval_gap``."""
-    from server.convex.objective import CONVEX_MODELS
+    from server.convex.checks import CONVEX_MODELS
 
     gap, fstar = cfg.setdefault("eval_gap", False), cfg.setdefault("eval_fstar", None)
     if not isinstance(gap, bool):
