@@ -91,6 +91,8 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise config_lib.ConfigError("missing config group 'deploy'")
     spawn = d.get("spawn_supernodes", 0)
+    if spawn == "all":  # ${num_clients} of a natural task (num_clients=all), which validate() resolved to a count
+        spawn = d["spawn_supernodes"] = int(cfg["num_clients"])
     if isinstance(spawn, bool) or not isinstance(spawn, int) or not 0 <= spawn <= int(cfg["num_clients"]):
         raise config_lib.ConfigError(f"'deploy.spawn_supernodes' must be in [0, num_clients], got {spawn!r}")
     if d.get("superlink") is not None and ":" not in str(d["superlink"]):

@@ -13,6 +13,7 @@ import pytest
 from deploy_helpers import (
     BIN,
     ENV,
+    IN_PROCESS,
     ROOT,
     LineReader,
     assert_same_model,
@@ -132,3 +133,24 @@ def test_logreg_deploys_and_equals_the_batched_engine(deploy_data, tmp_path):
         assert float(np.abs(batched[key] - deployed[key]).max()) <= 1e-5 * scale, key
     replies = [[r["num_replies"] for r in rows(path)[1:]] for path in (deploy_dir, batched_dir)]
     assert replies == [[2, 2], [2, 2]]
+
+
+def test_natural_task_preset_deploys_and_equals_the_batched_engine(tmp_path):
+    """Seed 001's FEMNIST preset (issue 20: ``num_clients=all`` natural writers, M = 2 per round) on real SuperNodes
+    (one per writer; ``deploy.spawn_supernodes`` follows ``num_clients=all`` once the copy is counted) reaches the
+    batched engine's model bitwise (the CNN is trained one client after another through the ClientApp's code)."""
+    from natural_datagen import MAKERS, write
+
+    root = write(MAKERS["femnist"](num_clients=4), tmp_path / "copy")
+    args = ["+experiment=seed001_femnist", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "num_rounds=2",
+            "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1", "eval_every=1",
+            "round_timeout=60", "progress_every=0.2"]
+    deploy_dir, batched_dir = tmp_path / "deploy", tmp_path / "batched"
+    proc = run_cli("flower-deploy", [*args, f"run_dir={deploy_dir}", f"hydra.run.dir={deploy_dir}"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert not flower_processes(deploy_dir / "deploy" / "flwr_home")
+    assert len(list((deploy_dir / "deploy" / "logs").glob("supernode-*.log"))) == 4  # every natural writer
+    proc = run_cli("flower-simulation", [*args, *IN_PROCESS, f"hydra.run.dir={batched_dir}"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert_same_model(deploy_dir, batched_dir)
+    assert [[r["num_replies"] for r in rows(path)[1:]] for path in (deploy_dir, batched_dir)] == [[2, 2], [2, 2]]
