@@ -8,8 +8,7 @@ module), so the product's ClientApp holds no test switch.
 
 Kinds: those of ``tests/broken_app.py`` (``wrong-shape``, ``nan``, ``zero-num-examples``, ... : its
 ``corrupt`` is reused) plus ``scale`` (weights x 1.1: finite, right shape, a plausible-looking poisoned update).
-``query-delay=<s>`` makes the node answer the partition query ``s`` seconds late (so another node claims the
-partition first); ``train-gate=<path>`` / ``query-gate=<path>`` hold its training / its query answer until that
+``train-gate=<path>`` / ``query-gate=<path>`` hold its training / its query answer until that
 file exists (a test's event); ``train-started=<path>`` creates that file when a train message starts (the event a
 fault test kills on).
 """
@@ -72,7 +71,6 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    time.sleep(float(context.node_config.get("query-delay", 0)))  # answer the partition query late
     _wait_gate(context, "query-gate")
     return product.query(msg, context)
 

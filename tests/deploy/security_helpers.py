@@ -105,7 +105,7 @@ def start_silent_node(fed: Federation, name: str, node_config: str, home: Path) 
 
 
 def restart_with(fed: Federation, settings: dict[int, dict[str, str]]) -> None:
-    """Restart spawned SuperNodes with extra node config of the test ClientApp (``query-delay``, ``train-gate``)."""
+    """Restart spawned SuperNodes with extra node config of the test ClientApp (``query-gate``, ``train-gate``)."""
     nodes = [fed.supernodes[p] for p in settings]
     for node in nodes:
         node.signal(signal.SIGTERM)
@@ -125,5 +125,14 @@ def open_gate_when_answered(logs: list[Path], gate: Path, timeout: float = 180.0
     query (so the ServerApp collects it by the next round at the latest), or after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not all(answered_query(log) for log in logs):
+        time.sleep(0.1)
+    gate.touch()
+
+
+def open_gate_when_logged(lines: list[str], text: str, gate: Path, timeout: float = 180.0) -> None:
+    """Thread: create ``gate`` once one of the ServerApp's streamed ``lines`` contains ``text``, or after
+    ``timeout`` (the test's own checks then fail)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not any(text in line for line in list(lines)):
         time.sleep(0.1)
     gate.touch()

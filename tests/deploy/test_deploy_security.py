@@ -18,6 +18,7 @@ from security_helpers import (
     acquire_task,
     federation_sockets,
     open_gate_when_answered,
+    open_gate_when_logged,
     restart_with,
     runtime_port,
     start_intruder,
@@ -42,13 +43,14 @@ def sim_reference(deploy_data, tmp_path_factory):
 
 def _run_with_hijacker(cfg, run_dir, tmp_path, on_start=None, hijacker_security=None):
     """flower-deploy with an intruder that also claims partition 0 (and would scale its weights x1.1); it answers
-    the partition query 5 s late, so the real node 0 claims first. The honest nodes' round-1 training waits until
+    the partition query only once the ServerApp has logged the real node 0's claim (a gate file), so node 0 claims
+    first whatever the load. The honest nodes' round-1 training waits until
     the intruder has sent its answer (a gate file), so round 2 collects it. Returns (result, lines, intruders).
     Every process is stopped; none may be left."""
     intruders: dict = {}
     lines: list[str] = []
     home = tmp_path / "intruder_home"
-    gate = tmp_path / "gate"
+    gate, query_gate = tmp_path / "gate", tmp_path / "query-gate"
 
     def start(fed: Federation) -> None:
         fed.wait_nodes(4)
@@ -57,8 +59,10 @@ def _run_with_hijacker(cfg, run_dir, tmp_path, on_start=None, hijacker_security=
         restart_with(fed, {p: {"train-gate": str(gate)} for p in fed.supernodes})
         security = hijacker_security(fed) if hijacker_security else ["--insecure"]
         intruders["hijacker"] = start_intruder(fed, "hijacker", security, 'partition-id=0 num-partitions=4 '
-                                               'misbehave="scale" query-delay="5"', home, max_wait=30)
+                                               f'misbehave="scale" query-gate="{query_gate}"', home, max_wait=30)
         fed.wait_nodes(5)
+        threading.Thread(target=open_gate_when_logged, args=(lines, "serves partition 0", query_gate),
+                         daemon=True).start()
         threading.Thread(target=open_gate_when_answered, args=([fed.log_dir / "hijacker.log"], gate),
                          daemon=True).start()
 
@@ -153,7 +157,7 @@ def test_intruders_refused_apis_on_loopback_hijack_refused(deploy_data, misbehav
 
 def test_hijack_without_auth_is_refused_while_the_holder_answers(deploy_data, misbehaving_app_dir, sim_reference,
                                                                  tmp_path):
-    """No auth: an intruder that claims partition 0 after its node (5 s late) is a duplicate claim: refused,
+    """No auth: an intruder that claims partition 0 after its node did (held until then) is a duplicate claim: refused,
     counted and logged; its x1.1 update never goes in. (Without auth it could still win by answering first, or
     take a partition whose node left or went silent, counted in num_reassigned: docs/deploy.md "Security".)"""
     run_dir = tmp_path / "run"
