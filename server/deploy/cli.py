@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from client import threads
 from server.deploy import ownership
+from server.deploy.app_stage import stage_app
 from server.deploy.federation import LOOPBACK, DeployError, Federation, FederationOptions, RunResult
 from server.run import config as config_lib
 from server.run import procs
@@ -136,7 +137,11 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
     d = validate_deploy(cfg)
     run_dir = Path(cfg["run_dir"]).resolve()
     cfg["run_dir"] = str(run_dir)
-    app_dir = Path(d.get("app_dir") or ROOT)
+    try:  # what flwr run packs, without walking .venv at every submission (server/deploy/app_stage.py)
+        app_dir = stage_app(Path(d.get("app_dir") or ROOT), run_dir / "deploy" / "app")
+    except Exception as err:  # no pyproject.toml, a broken one, an unreadable file: before any process starts
+        raise config_lib.ConfigError(f"'deploy.app_dir': cannot pack {d.get('app_dir') or ROOT} as a Flower app: "
+                                     f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
     opts = options(d, int(cfg["num_clients"]))
     opts.torch_threads = node_threads(cfg)  # what each SuperNode spawned here is told
     fed = Federation(run_dir / "deploy", app_dir, opts)

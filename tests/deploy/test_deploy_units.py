@@ -10,8 +10,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
-from deploy_helpers import ROOT, compose, overrides
+from deploy_helpers import ROOT, compose, overrides, run_cli
 
+from server.deploy.app_stage import stage_app
 from server.deploy.cli import concurrent_local_nodes, node_threads, state_in_file, validate_deploy
 from server.deploy.tls import make_node_key, make_tls
 from server.run import config as config_lib
@@ -38,7 +39,7 @@ def test_node_keys_are_openssh_ecdsa(tmp_path):
     assert load_ssh_public_key(key.public.read_bytes()).public_numbers() == private.public_key().public_numbers()
 
 
-def test_fab_is_small_and_holds_the_apps():
+def test_fab_is_small_and_holds_the_apps(tmp_path):
     from flwr.cli.build import build_fab_from_disk
 
     fab = build_fab_from_disk(ROOT)
@@ -47,6 +48,19 @@ def test_fab_is_small_and_holds_the_apps():
     assert {"server/run/app.py", "server/deploy/server_app.py", "client/app.py", "strategies/flower.py",
             "conf/config.yaml"} <= set(names)
     assert not [n for n in names if n.startswith((".venv/", "outputs/", "multirun/"))]
+    # flower-deploy packs a staged copy (server/deploy/app_stage.py): the same files, byte for byte
+    staged = build_fab_from_disk(stage_app(ROOT, tmp_path / "app"))
+    with zipfile.ZipFile(io.BytesIO(fab)) as a, zipfile.ZipFile(io.BytesIO(staged)) as b:
+        assert sorted(a.namelist()) == sorted(b.namelist()) and a.read(".info/CONTENT") == b.read(".info/CONTENT")
+
+
+def test_an_app_dir_that_is_no_flower_app_is_one_line_before_any_process(tmp_path, deploy_data):
+    run_dir = tmp_path / "run"
+    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, f"deploy.app_dir={tmp_path / 'empty'}"),
+                   timeout=60)
+    assert proc.returncode == 2 and proc.stdout.strip().splitlines()[-1].startswith(
+        "flower-deploy: invalid configuration: 'deploy.app_dir': cannot pack"), proc.stdout
+    assert not (run_dir / "deploy" / "logs").exists()
 
 
 @pytest.mark.parametrize("extra, message", [
