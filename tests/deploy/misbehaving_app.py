@@ -15,11 +15,9 @@ fault test kills on).
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -77,12 +75,9 @@ def query(msg: Message, context: Context) -> Message:
 
 def make_app_dir(root: Path, out: Path) -> Path:
     """A Flower app dir = the project's FAB files + this module, with this module as the ClientApp."""
-    from flwr.cli.build import build_fab_from_disk
+    from server.deploy.app_stage import stage_app
 
-    if out.exists():
-        shutil.rmtree(out)
-    zipfile.ZipFile(io.BytesIO(build_fab_from_disk(root))).extractall(out)
-    shutil.rmtree(out / ".info", ignore_errors=True)
+    stage_app(root, out)  # the project's FAB files (without walking .venv)
     shutil.copy(Path(__file__), out / f"{MODULE}.py")
     for helper in ("broken_app.py", "toy_app.py"):  # imported from the app's top level, like this module
         shutil.copy(root / "tests" / helper, out / helper)
