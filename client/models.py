@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client.task_models import TASK_MODELS, build_task_model
+from client.task_models import build_task_model
+from client.tasks import TASK_MODELS
 
 MODELS = ("cnn", "resnet20", "logreg")
 GN_GROUPS = 2

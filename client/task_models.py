@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client.tasks import MODEL_OUTPUTS, NATURAL_DATASETS, TASK_MODEL, TASK_MODELS  # noqa: F401 - re-exported
+from client.tasks import TASK_MODELS
 
 GN_GROUPS = 2  # Hsieh et al. (2020) / Reddi et al. (2021): GroupNorm with 2 groups in place of BatchNorm
 

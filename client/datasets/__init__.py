@@ -14,7 +14,7 @@ import numpy as np
 
 from client.datacheck import DataSourceError
 from client.datasets.base import NaturalData, TaskSpec, load_natural
-from client.task_models import NATURAL_DATASETS, TASK_MODEL  # noqa: F401 - re-exported
+from client.tasks import NATURAL_DATASETS, TASK_MODEL  # noqa: F401 - re-exported
 
 TASK_MODELS = TASK_MODEL  # the model each task is trained with in seed 001 §8 (App. C)
 

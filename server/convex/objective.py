@@ -27,7 +27,6 @@ import torch
 
 from client.augment import normalise, to_tensor
 from client.linear import logit_gradient
-from server.convex.checks import CONVEX_MODELS  # noqa: F401 - re-exported
 
 WEIGHT, BIAS = "linear.weight", "linear.bias"  # client.models.LogisticRegression's state_dict
 FEATURE_CHUNK = 4096  # images converted to float64 at once while building the features

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from client.data import Dataset, _locked, default_cache_dir
-from server.convex.checks import CONVEX_MODELS, check_convex  # noqa: F401 - re-exported
+from server.convex.checks import check_convex
 from server.convex.objective import PopulationObjective, example_weights, features
 from server.convex.solver import TOL, solve
 from server.run.config import ConfigError

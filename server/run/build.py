@@ -15,7 +15,7 @@ from client.datasets import NaturalData, load_task
 from client.examples import ImageExamples
 from client.models import build_model
 from client.partition import client_sizes, dirichlet_partition, label_histograms, parse_alpha, save_histograms
-from client.task_models import MODEL_OUTPUTS, NATURAL_DATASETS
+from client.tasks import MODEL_OUTPUTS, NATURAL_DATASETS
 from client.train import evaluate_examples, get_device, load_arrays
 from server.run import config as config_lib
 from strategies import CyclicClientManager, FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay, UniformClientManager

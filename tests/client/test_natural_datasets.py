@@ -12,7 +12,8 @@ from client.datacheck import DataSourceError
 from client.datasets import TASK_MODELS, load_task
 from client.datasets.cifar100 import pachinko_split
 from client.models import build_model, num_parameters
-from client.task_models import MODEL_OUTPUTS, resnet18_gn
+from client.task_models import resnet18_gn
+from client.tasks import MODEL_OUTPUTS
 from client.train import TrainConfig, evaluate_examples, train_examples
 from server.run.config import ConfigError, validate
 
