@@ -107,9 +107,10 @@ def label_histograms(labels: np.ndarray, parts: Sequence[np.ndarray], num_classe
 
 
 def save_histograms(
-    run_dir: str | Path, hist: np.ndarray, classes: Sequence[str], title: str = "", stem: str = "partition"
+    run_dir: str | Path, hist: np.ndarray, classes: Sequence[str], title: str = "", stem: str = "partition",
+    plot: bool = True,
 ) -> dict[str, Path]:
-    """Write ``<stem>.csv`` (client, one column per class, total), ``<stem>.json`` and ``<stem>.png``."""
+    """Write ``<stem>.csv`` (client, one column per class, total), ``<stem>.json`` and (``plot``) ``<stem>.png``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = {ext: run_dir / f"{stem}.{ext}" for ext in ("csv", "json", "png")}
@@ -120,6 +121,8 @@ def save_histograms(
             writer.writerow([i, *(int(v) for v in row), int(row.sum())])
     paths["json"].write_text(json.dumps({"classes": list(classes), "title": title,
                                          "counts": [[int(v) for v in row] for row in hist]}))
+    if not plot:
+        return {ext: path for ext, path in paths.items() if ext != "png"}
     plot_histograms(hist, classes, paths["png"], title)
     return paths
 

@@ -145,6 +145,7 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
     opts = options(d, int(cfg["num_clients"]))
     opts.torch_threads = node_threads(cfg)  # what each SuperNode spawned here is told
     fed = Federation(run_dir / "deploy", app_dir, opts)
+    fed.on_notice = on_line
     # SIGINT too: a shell starts a background job with SIGINT ignored, and Python then installs no handler
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     result: RunResult | None = None

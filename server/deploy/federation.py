@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,8 @@ LOOPBACK = "127.0.0.1"  # the Control/Runtime APIs never leave it
 BASE_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PYTHONUNBUFFERED": "1"}
 FAST_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"}  # Flower's public knob (default 1 s)
+NODE_BOUND = "Uvicorn running on"  # a SuperNode's log line once its Runtime API holds its port
+START_ATTEMPTS = 3  # starts of a process whose free port another process took first
 
 
 class DeployError(RuntimeError):
@@ -95,10 +97,8 @@ class Federation:
         self.spawn = opts.superlink is None
         if opts.auth and not (opts.tls or opts.root_certificates):
             raise ValueError("SuperNode authentication needs TLS (deploy.tls=true)")
-        self.fleet_port = opts.fleet_port or procs.free_port(opts.host)
-        self.control_port = opts.control_port or procs.free_port(LOOPBACK)
-        self.control_address = opts.superlink or f"{LOOPBACK}:{self.control_port}"
-        self.fleet_address = f"{opts.address}:{self.fleet_port}"
+        self.on_notice: Callable[[str], None] = lambda line: print(line, file=sys.stderr)  # retries, for the user
+        self._pick_superlink_ports()
         self.tls_files = tls.make_tls(self.workdir / "tls", opts.cert_hosts) if self.spawn and opts.tls else None
         self.ca_cert = str(self.tls_files.ca_cert) if self.tls_files else opts.root_certificates
         self.superlink: procs.ManagedProcess | None = None
@@ -119,6 +119,14 @@ class Federation:
         self._write_connection()
 
     # ----------------------------------------------------------------------- SuperLink
+    def _pick_superlink_ports(self) -> None:
+        """The configured ports, or free ones (:func:`server.run.procs.free_port`) where 0."""
+        opts = self.options
+        self.fleet_port = opts.fleet_port or procs.free_port(opts.host)
+        self.control_port = opts.control_port or procs.free_port(LOOPBACK)
+        self.control_address = opts.superlink or f"{LOOPBACK}:{self.control_port}"
+        self.fleet_address = f"{opts.address}:{self.fleet_port}"
+
     def _write_connection(self) -> None:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         security = f'root-certificates = "{self.ca_cert}"' if self.ca_cert else "insecure = true"
@@ -137,6 +145,34 @@ class Federation:
         """Start (or restart) the SuperLink and wait until its HTTP API answers ``/health``."""
         if not self.spawn:
             raise RuntimeError("this federation uses an existing SuperLink")
+        old, old_exec = self.superlink, self.superexec
+        if old is not None:  # orphans of a crashed SuperLink (SuperExec, ServerApp) must not write on
+            for proc in (old, old_exec):
+                if proc is not None:
+                    proc.kill()
+            procs.wait_gone([p for p in (old, old_exec) if p is not None], self.options.stop_timeout)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self.superlink = _restarted(procs.ManagedProcess("superlink", self._superlink_command(),
+                                                             self.log_dir / "superlink.log", self.env,
+                                                             self.workdir).start(), old)
+            try:
+                self.wait_superlink()
+                break
+            except DeployError:
+                # a first start whose free port another process took meanwhile: fresh ports (a restart must
+                # keep its ports: the SuperNodes know them)
+                automatic = not (self.options.fleet_port or self.options.control_port)
+                if old is not None or not automatic or attempt == START_ATTEMPTS or self.superlink.alive() \
+                        or not procs.PORT_TAKEN.search(self.superlink.output()):
+                    raise
+                self.on_notice(f"flower-deploy: the SuperLink's port was taken before it could bind it; starting "
+                               f"it again on other free ports (attempt {attempt + 1} of {START_ATTEMPTS})")
+                self._pick_superlink_ports()
+                self._write_connection()
+        self.superexec = _restarted(self._start_superexec(), old_exec)
+        return self.superlink
+
+    def _superlink_command(self) -> list[str]:
         launcher = [sys.executable, "-m", "server.deploy.flwr_fast", "superlink"] if self.options.fast else \
             [procs.executable("flower-superlink")]  # fast: objects in memory, state in the database file
         cmd = [*launcher, *self._security_flags(),
@@ -148,17 +184,7 @@ class Federation:
             cmd.append("--enable-supernode-auth")
         if self.options.database:
             cmd += ["--database", str(self.database)]
-        old, old_exec = self.superlink, self.superexec
-        if old is not None:  # orphans of a crashed SuperLink (SuperExec, ServerApp) must not write on
-            for proc in (old, old_exec):
-                if proc is not None:
-                    proc.kill()
-            procs.wait_gone([p for p in (old, old_exec) if p is not None], self.options.stop_timeout)
-        self.superlink = _restarted(procs.ManagedProcess("superlink", cmd, self.log_dir / "superlink.log", self.env,
-                                                         self.workdir).start(), old)
-        self.wait_superlink()
-        self.superexec = _restarted(self._start_superexec(), old_exec)
-        return self.superlink
+        return cmd
 
     def _start_superexec(self) -> procs.ManagedProcess:
         """The SuperLink's SuperExec (``--isolation process``): launches the ServerApp, signs with the secret."""
@@ -206,10 +232,16 @@ class Federation:
 
     def start_supernode(self, partition_id: int, num_partitions: int, data_root: str | None = None,
                         extra_node_config: dict[str, str] | None = None) -> None:
-        """Start the SuperNode of ``partition_id`` (restart it when it exists; same key, same node ID).
+        """Start the SuperNode of ``partition_id`` (restart it when it exists; same key, same node ID) and wait
+        until it holds its Runtime API port (:meth:`confirm_supernodes`).
 
         ``extra_node_config`` adds ``key="value"`` pairs to its ``--node-config`` (kept for restarts).
         """
+        self._launch_supernode(partition_id, num_partitions, data_root, extra_node_config)
+        self.confirm_supernodes([partition_id])
+
+    def _launch_supernode(self, partition_id: int, num_partitions: int, data_root: str | None = None,
+                          extra_node_config: dict[str, str] | None = None) -> None:
         self.num_partitions, self.data_root = num_partitions, data_root
         if extra_node_config is not None:
             self.extra_node_config[partition_id] = dict(extra_node_config)
@@ -230,6 +262,33 @@ class Federation:
                                     self.log_dir / f"supernode-{partition_id}.log", self.env, self.workdir).start()
         self.supernodes[partition_id] = _restarted(proc, old)
 
+    def confirm_supernodes(self, partitions: Iterable[int]) -> None:
+        """Wait until each SuperNode of ``partitions`` holds its Runtime API port (its log says
+        ``NODE_BOUND``). One that exits because another process took that free port first starts again on
+        another (up to ``START_ATTEMPTS`` starts); one that exits for any other reason is a :class:`DeployError`
+        quoting its log, before any run is submitted."""
+        pending = {p: 1 for p in partitions}
+        deadline = time.monotonic() + self.options.startup_timeout
+        while pending:
+            for partition, attempt in list(pending.items()):
+                proc = self.supernodes[partition]
+                output = proc.output()
+                if NODE_BOUND in output:
+                    del pending[partition]
+                elif not proc.alive():
+                    if not procs.PORT_TAKEN.search(output) or attempt == START_ATTEMPTS:
+                        raise DeployError(f"{proc.name} exited with code {proc.returncode()} while starting:\n"
+                                          f"{proc.tail()}")
+                    self.on_notice(f"flower-deploy: {proc.name}'s port was taken before it could bind it; starting "
+                                   f"it again on another free port (attempt {attempt + 1} of {START_ATTEMPTS})")
+                    self._launch_supernode(partition, self.num_partitions, self.data_root)
+                    pending[partition] = attempt + 1
+            if pending and time.monotonic() > deadline:
+                raise DeployError(f"SuperNodes {sorted(pending)} did not start within "
+                                  f"{self.options.startup_timeout:.0f} s (deploy.startup_timeout)")
+            if pending:
+                time.sleep(0.05)
+
     def node_key(self, name: str) -> tls.NodeKey:
         """The key pair ``keys/<name>``, made and registered with the SuperLink (``flwr supernode register``)
         on first use."""
@@ -240,9 +299,10 @@ class Federation:
         return self.node_keys[name]
 
     def start_supernodes(self, count: int, num_partitions: int, data_root: str | None = None) -> None:
-        """SuperNodes for partitions 0..count-1."""
+        """SuperNodes for partitions 0..count-1, started together; returns once each holds its port."""
         for i in range(count):
-            self.start_supernode(i, num_partitions, data_root)
+            self._launch_supernode(i, num_partitions, data_root)
+        self.confirm_supernodes(range(count))
 
     def node_ids(self) -> list[int]:
         """IDs of the SuperNodes the SuperLink lists as online (``flwr supernode list``)."""

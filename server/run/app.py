@@ -149,14 +149,16 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         _log_progress(rnd, num_rounds, row)
         if diverged:
             write_status(run_dir, "diverged", rnd, diverged)
-            plot_run(run_dir)
+            if cfg["plots"]:
+                plot_run(run_dir)
             raise DivergenceError(f"training diverged at round {rnd} ({diverged}); metrics up to this round and "
                                   f"the last checkpoint are in {run_dir}")
         if rnd % ckpt_every == 0 or rnd == num_rounds:
             meta, state_arrays = strategy.state_dict()
             checkpoint.save(run_dir, rnd, meta, state_arrays, cfg)
             strategy.checkpoint_saved(rnd)
-    plot_run(run_dir)
+    if cfg["plots"]:
+        plot_run(run_dir)
     final = {k: v.numpy() for k, v in arrays.items()}
     np.savez(run_dir / "final_model.npz", **final)
     last = writer.rows[-1] if writer.rows else {}

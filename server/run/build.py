@@ -135,13 +135,14 @@ def train_size(ds: Dataset | NaturalData) -> int | None:
 
 
 def save_partition_summary(cfg: Mapping[str, Any], ds: Dataset | NaturalData, run_dir: Path) -> np.ndarray:
-    """Per-client label histograms of the clients' split (csv, json, png in the run dir); for a natural task,
+    """Per-client label histograms of the clients' split (csv, json, png unless ``plots=false``); for a natural task,
     ``partition.csv``: partition id, natural id and number of examples of every selected client."""
     if isinstance(ds, NaturalData):
         return save_natural_partitions(ds, int(cfg["num_clients"]), run_dir)
     parts = client_partitions(cfg, ds)
     hist = label_histograms(np.asarray(ds.y_train), parts, ds.num_classes)
-    save_histograms(run_dir, hist, ds.classes, title=f"alpha={cfg['data']['alpha']}", stem="partition")
+    save_histograms(run_dir, hist, ds.classes, title=f"alpha={cfg['data']['alpha']}", stem="partition",
+                    plot=cfg.get("plots", True))
     return hist
 
 

@@ -88,6 +88,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     progress = cfg.get("progress_every", 10)
     if isinstance(progress, bool) or not isinstance(progress, int | float) or progress <= 0:
         raise ConfigError(f"'progress_every' must be a number of seconds > 0, got {progress!r}")
+    if not isinstance(cfg.setdefault("plots", True), bool):
+        raise ConfigError(f"'plots' must be true or false, got {cfg['plots']!r}")
     _validate_eval_train(cfg)
     s = _require(cfg, "strategy")
     name = _require(cfg, "strategy.name")

@@ -10,6 +10,8 @@ The SuperLink detaches its SuperExec (and with it every ``flwr-serverapp``) into
 from __future__ import annotations
 
 import os
+import random
+import re
 import signal
 import socket
 import subprocess
@@ -21,11 +23,47 @@ from pathlib import Path
 FLOWER_MARKERS = ("flower-", "flwr")  # a PID is signalled only while its command line still looks like Flower's
 
 
+PORT_TAKEN = re.compile(r"already in use", re.IGNORECASE)  # Flower's gRPC and uvicorn's words for a lost port
+_handed_out: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for ``bind(0)`` and for the source port of every outgoing connection."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0)."""
+    """A TCP port that was free a moment ago, below the kernel's ephemeral range where that leaves room.
+
+    A port from ``bind(0)`` lies in the ephemeral range, where any process's next outgoing connection (Ray,
+    gRPC, another federation on the same host) may take it before our server binds it: "address already in use"
+    by chance. Below the range only servers that bind a port by its number compete. The same port is never
+    handed out twice by one process. Callers still check that the bind succeeded (``PORT_TAKEN``) and retry.
+    """
+    low = ephemeral_range()[0]
+    if low > 20000 + 1000:
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(20000, low)
+            if port not in _handed_out and _bindable(host, port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def executable(name: str) -> str:
@@ -78,6 +116,7 @@ class ManagedProcess:
         self.popen: subprocess.Popen[bytes] | None = None
         self.pgids: set[int] = set()
         self.pids: set[int] = set()
+        self.log_start = 0  # offset in the log where the last start's output begins
 
     def start(self) -> ManagedProcess:
         """Start the command in a new session; stdout and stderr go to ``log_path`` (appended)."""
@@ -85,6 +124,7 @@ class ManagedProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(self.cmd)}\n".encode())
             log.flush()
+            self.log_start = log.tell()
             self.popen = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           env=self.env, cwd=self.cwd, start_new_session=True)
         self.pgids.add(self.popen.pid)
@@ -153,6 +193,15 @@ class ManagedProcess:
                 self.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+
+    def output(self) -> str:
+        """What the command wrote to its log since its last start."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_start)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the log."""

@@ -27,7 +27,7 @@ def deploy_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def reference_deploy(deploy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     """``flower-deploy`` with 4 local SuperNodes for 2 rounds: (run_dir, output). Shared by several tests."""
     run_dir = tmp_path_factory.mktemp("deploy") / "run"
-    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir), timeout=240)
+    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, "plots=true"), timeout=240)
     left = flower_processes(run_dir / "deploy" / "flwr_home")
     assert not left, f"leftover processes: {left}"
     assert proc.returncode == 0, proc.stdout[-4000:]

@@ -26,10 +26,10 @@ IN_PROCESS = ("engine=batched", "engine.workers=1")
 
 def overrides(data: dict[str, Path], run_dir: Path, *extra: str) -> list[str]:
     """A tiny but complete experiment: 4 clients, 2 rounds, cyclic halves, CNN, 2 local steps, 1 torch thread;
-    in-round progress lines every 0.2 s."""
+    in-round progress lines every 0.2 s; no PNGs unless ``extra`` says ``plots=true``."""
     return [f"data.root={data['folder']}", f"data.cache_dir={data['cache']}", "num_clients=4", "num_rounds=2",
             "participation.fraction=0.5", "client.local_steps=2", "client.batch_size=16", "client.torch_threads=1",
-            "eval_max_examples=40", "round_timeout=60", "progress_every=0.2", f"run_dir={run_dir}",
+            "eval_max_examples=40", "round_timeout=60", "progress_every=0.2", "plots=false", f"run_dir={run_dir}",
             f"hydra.run.dir={run_dir}", *extra]
 
 

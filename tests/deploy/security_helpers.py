@@ -6,9 +6,10 @@ import ipaddress
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from server.deploy.federation import Federation
+from server.deploy.federation import NODE_BOUND, START_ATTEMPTS, Federation
 from server.run import procs
 
 
@@ -90,7 +91,21 @@ def start_intruder(fed: Federation, name: str, security: list[str], node_config:
     if poll_interval is not None:
         cmd[cmd.index("--poll-interval") + 1] = str(poll_interval)
     env = {**fed.env, "FLWR_HOME": str(home)}
-    return procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir).start()
+    return _start_bound(lambda: procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir),
+                        cmd)
+
+
+def _start_bound(make: Callable[[], procs.ManagedProcess], cmd: list[str]) -> procs.ManagedProcess:
+    """Start the SuperNode ``make()`` builds and wait until it holds its Runtime API port or exits; when another
+    process took that port first, start it again on a fresh one (as Federation.confirm_supernodes does)."""
+    for _ in range(START_ATTEMPTS):
+        proc = make().start()
+        while proc.alive() and NODE_BOUND not in proc.output():
+            time.sleep(0.05)
+        if proc.alive() or NODE_BOUND in proc.output() or not procs.PORT_TAKEN.search(proc.output()):
+            return proc
+        cmd[cmd.index("--port") + 1] = str(procs.free_port())
+    return proc
 
 
 def start_silent_node(fed: Federation, name: str, node_config: str, home: Path) -> procs.ManagedProcess:
@@ -101,7 +116,8 @@ def start_silent_node(fed: Federation, name: str, node_config: str, home: Path) 
            "--isolation", "process", "--host", "127.0.0.1", "--port", str(procs.free_port()),
            "--max-wait-time", "30", "--node-config", node_config]
     env = {**fed.env, "FLWR_HOME": str(home)}
-    return procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir).start()
+    return _start_bound(lambda: procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir),
+                        cmd)
 
 
 def restart_with(fed: Federation, settings: dict[int, dict[str, str]]) -> None:

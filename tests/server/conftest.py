@@ -30,11 +30,12 @@ IN_PROCESS = ("engine=batched", "engine.workers=1")
 
 
 def sim_args(data, run_dir, *extra):
-    """Overrides of a tiny but complete experiment (4 clients, 2 rounds, CNN, 2 local steps)."""
+    """Overrides of a tiny but complete experiment (4 clients, 2 rounds, CNN, 2 local steps); no PNGs unless
+    ``extra`` says ``plots=true`` (the tests that read them do)."""
     return [
         f"data.root={data['tarball']}", f"data.cache_dir={data['cache']}", "num_clients=4", "num_rounds=2",
         "participation.fraction=0.5", "client.local_steps=2", "client.batch_size=8", "client.torch_threads=1",
-        "eval_max_examples=20", f"hydra.run.dir={run_dir}", *extra,
+        "eval_max_examples=20", "plots=false", f"hydra.run.dir={run_dir}", *extra,
     ]
 
 
@@ -51,15 +52,16 @@ def report(*args):
                           text=True, timeout=120)
 
 
-def full_and_resumed(data, tmp_path, extra, kill_round=2):
-    """Run ``extra`` uninterrupted (``tmp_path/full``) and again killed after ``kill_round`` and resumed
-    (``tmp_path/killed``); asserts both finish and end with the bitwise-same model. Returns the two run dirs."""
+def full_and_resumed(data, tmp_path, extra, kill_round=2, full_extra=()):
+    """Run ``extra`` uninterrupted (``tmp_path/full``, plus ``full_extra``) and again killed after ``kill_round``
+    and resumed (``tmp_path/killed``); asserts both finish and end with the bitwise-same model. Returns the two run
+    dirs."""
     import numpy as np
 
     from server.report.metrics import read_metrics
 
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
-    full = run_cli("flower-simulation", sim_args(data, full_dir, *extra))
+    full = run_cli("flower-simulation", sim_args(data, full_dir, *extra, *full_extra))
     assert full.returncode == 0, full.stderr[-2000:]
     kill_after_round(sim_args(data, killed_dir, *extra), killed_dir, kill_round)
     last = max(r["round"] for r in read_metrics(full_dir))

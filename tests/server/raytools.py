@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,9 +25,10 @@ def private_ray_tmp() -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (server/run/procs.py: no outgoing connection can take it first)."""
+    from server.run.procs import free_port as below_ephemeral
+
+    return below_ephemeral()
 
 
 def ray_env(ray_tmp: Path, **extra: str) -> dict[str, str]:

@@ -42,7 +42,7 @@ def make_cfg(data, run_dir, *overrides):
             f"run_dir={run_dir}", f"data.root={data['tarball']}", f"data.cache_dir={data['cache']}",
             f"num_clients={NUM_CLIENTS}", "num_rounds=3", "participation.fraction=0.5", "client.batch_size=8",
             "client.torch_threads=1", "client.weight_decay=0.001", "eval_max_examples=20", "data.alpha=1.0",
-            "round_timeout=120", *overrides])
+            "round_timeout=120", "plots=false", *overrides])
     return config_lib.validate(config_lib.to_plain(cfg))
 
 

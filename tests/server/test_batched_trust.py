@@ -82,13 +82,19 @@ def test_bad_engine_settings_exit_2_before_any_work(tiny_data, tmp_path, overrid
 
 
 @pytest.mark.e2e
-def test_batched_cli_run_writes_the_usual_run_dir(tiny_data, tmp_path):
+@pytest.mark.parametrize("plots", [True, False])
+def test_batched_cli_run_writes_the_usual_run_dir(tiny_data, tmp_path, plots):
+    """Every file of a run dir; with ``plots=false`` every one but the PNGs."""
     run_dir = tmp_path / "run"
-    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "engine=batched", "progress_every=0.001"))
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "engine=batched", "progress_every=0.001",
+                                                 f"plots={str(plots).lower()}"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
-    for name in ("metrics.csv", "metrics.jsonl", "accuracy.png", "final_model.npz", "summary.json", "config.json"):
+    for name in ("metrics.csv", "metrics.jsonl", "final_model.npz", "summary.json", "config.json", "partition.csv",
+                 "partition.json"):
         assert (run_dir / name).exists(), name
+    pngs = sorted(p.name for p in run_dir.glob("*.png"))
+    assert pngs == (["accuracy.png", "loss.png", "lr.png", "norm.png", "partition.png"] if plots else []), pngs
     assert "Batched engine: 4 nodes on cpu, one client after another" in proc.stderr + proc.stdout
     assert "[batched] 2/2 clients done" in (run_dir / "run.log").read_text()  # progress_every: in-round lines
 

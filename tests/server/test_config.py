@@ -58,6 +58,7 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["participation.query_timeout=soon"], "participation.query_timeout"),
         (["num_rounds=0"], "num_rounds"),
         (["eval_tail=-1"], "eval_tail"),
+        (["plots=sometimes"], "plots"),
         (["data.alpha=-1"], "data.alpha"),
         (["client.batch_size=0"], "client.batch_size"),
         (["data=cifar10", "data.download=false", "data.root=/nonexistent"], "data.root"),

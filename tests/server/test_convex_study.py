@@ -25,7 +25,7 @@ ROUNDS, TUNE_ROUNDS, PERIOD, TAIL, EVERY = 20, 10, 5, 10, 5  # SCALES["smoke"]: 
 
 
 def driver(out, data, *extra):
-    data_args = [f"data.root={data['tarball']}", f"data.cache_dir={data['cache']}"]
+    data_args = [f"data.root={data['tarball']}", f"data.cache_dir={data['cache']}", "plots=false"]  # report PNGs only
     return subprocess.run([sys.executable, str(DRIVER), *ARGS, "--out", str(out), *extra, *data_args],
                           capture_output=True, text=True, timeout=900)
 

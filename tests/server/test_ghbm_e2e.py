@@ -23,9 +23,11 @@ def state_files(run_dir):
 
 def test_fedhbm_client_state_survives_a_resume_bitwise(tiny_data, tmp_path):
     """4 clients, cyclic p = 2, 4 rounds: every client's second participation (rounds 3, 4) uses the final local
-    model it stored in round 1 or 2. Killed after round 2 and resumed, the run ends with the bitwise-same model."""
+    model it stored in round 1 or 2. Killed after round 2 and resumed on the Ray engine, the run ends with the
+    bitwise-same model as the uninterrupted run (on the batched engine: the same ClientApp code and state files,
+    bitwise the Ray engine for FedHBM, tests/server/test_batched_engine.py; one Ray start less)."""
     extra = ["num_rounds=4", "strategy=fedhbm", "data.root=" + str(tiny_data["folder"])]
-    full_dir, killed_dir = full_and_resumed(tiny_data, tmp_path, extra)
+    full_dir, killed_dir = full_and_resumed(tiny_data, tmp_path, extra, full_extra=IN_PROCESS)
     files = state_files(full_dir)
     assert sorted({p for p, _, _ in files}) == [f"partition-{i}" for i in range(4)]
     assert sorted(r for _, r, _ in files) == [1, 1, 2, 2, 3, 3, 4, 4] and len({s for _, _, s in files}) == 1

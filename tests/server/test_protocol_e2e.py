@@ -27,7 +27,7 @@ from strategies.participation import make_schedule
 pytestmark = pytest.mark.e2e
 GAMMAS, ETAS, SEEDS = ("0.05", "0.1"), ("0.01", "1e30"), (0, 1)
 FIXED = [*IN_PROCESS, "strategy=localupdate", "strategy.server_optimizer=yogi", "participation=uniform",
-         "eval_train=true", "num_rounds=3", "client.loss_before_batches=1"]
+         "eval_train=true", "num_rounds=3", "client.loss_before_batches=1", "plots=true"]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ def multirun(tiny_data, tmp_path_factory):
     mode, shared by every strategy through the client manager, runs in the diverging-clients test)."""
     sweep = tmp_path_factory.mktemp("sweep")
     args = ["-m", *sim_args(tiny_data, sweep / "unused")[:-1], *IN_PROCESS,
-        f"strategy={','.join(STRATEGIES)}", "participation=cyclic",
+        f"strategy={','.join(STRATEGIES)}", "participation=cyclic", "plots=true",
         f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${strategy.name}_${hydra:runtime.choices.strategy}_"
         "${participation.mode}"]
     proc = run_cli("flower-simulation", args, timeout=900)
