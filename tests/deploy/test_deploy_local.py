@@ -51,22 +51,6 @@ def test_four_supernodes_two_rounds(reference_deploy):
     assert "Fleet API (gRPC-rere) on 127.0.0.1:" in superlink_log
 
 
-def test_local_supernodes_share_the_cores(deploy_data, tmp_path):
-    """Default ``client.torch_threads=0``: every ClientApp of the 4 SuperNodes (all training in one round) runs
-    max(1, cores // 4) torch threads, told by flower-deploy (node_config) and reported by the ClientApp itself."""
-    run_dir = tmp_path / "run"
-    extra = ("client.torch_threads=0", "participation.fraction=1.0", "num_rounds=1")
-    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, *extra), timeout=240)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    share = local_share(usable_cores(), 4)
-    for i in range(4):
-        log = (run_dir / "deploy" / "logs" / f"supernode-{i}.log").read_text()
-        assert f"partition-id={i} num-partitions=4 torch-threads={share}" in log
-        used = re.findall(r"ClientApp torch threads: (\d+) \(([^;]+);", log)
-        assert used == [(str(share), "node_config torch-threads")], log[-3000:]  # one train message, its share
-    assert not flower_processes(run_dir / "deploy" / "flwr_home")
-
-
 def test_same_global_model_as_simulation(reference_deploy, deploy_data, tmp_path):
     """Same config and seed: bitwise-identical final model, groups and server-side metrics in both engines."""
     run_dir, _ = reference_deploy
@@ -117,12 +101,23 @@ def test_invalid_config_starts_nothing(deploy_data, tmp_path):
 def test_logreg_deploys_and_equals_the_batched_engine(deploy_data, tmp_path):
     """``model=logreg`` (issue 16) runs on flower-deploy's real SuperNodes; the batched engine trains the same
     clients stacked with closed-form gradients (client/linear.py) and reaches the same model within float32
-    summation order (normwise relative 1e-5, the bound of tests/server/test_batched_engine.py)."""
-    extra = ("model=logreg", "client.augment=false", "client.weight_decay=1e-3")
+    summation order (normwise relative 1e-5, the bound of tests/server/test_batched_engine.py).
+
+    The same federation shows that local SuperNodes share the cores: with the default ``client.torch_threads=0``
+    every ClientApp of the 4 SuperNodes (all training in each round) runs max(1, cores // 4) torch threads, told
+    by flower-deploy (node_config) and reported by the ClientApp itself."""
+    extra = ("model=logreg", "client.augment=false", "client.weight_decay=1e-3", "client.torch_threads=0",
+             "participation.fraction=1.0")
     deploy_dir, batched_dir = tmp_path / "deploy", tmp_path / "batched"
     proc = run_cli("flower-deploy", overrides(deploy_data, deploy_dir, *extra), timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert not flower_processes(deploy_dir / "deploy" / "flwr_home")
+    share = local_share(usable_cores(), 4)
+    for i in range(4):
+        log = (deploy_dir / "deploy" / "logs" / f"supernode-{i}.log").read_text()
+        assert f"partition-id={i} num-partitions=4 torch-threads={share}" in log
+        used = re.findall(r"ClientApp torch threads: (\d+) \(([^;]+);", log)
+        assert used == [(str(share), "node_config torch-threads")] * 2, log[-3000:]  # a train message per round
     proc = run_cli("flower-simulation", overrides(deploy_data, batched_dir, *extra, "engine=batched"), timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     deployed, batched = final_model(deploy_dir), final_model(batched_dir)
@@ -132,7 +127,7 @@ def test_logreg_deploys_and_equals_the_batched_engine(deploy_data, tmp_path):
         scale = float(np.abs(deployed[key]).max())
         assert float(np.abs(batched[key] - deployed[key]).max()) <= 1e-5 * scale, key
     replies = [[r["num_replies"] for r in rows(path)[1:]] for path in (deploy_dir, batched_dir)]
-    assert replies == [[2, 2], [2, 2]]
+    assert replies == [[4, 4], [4, 4]]
 
 
 def test_natural_task_preset_deploys_and_equals_the_batched_engine(tmp_path):
