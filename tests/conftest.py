@@ -13,6 +13,15 @@ if TESTS_DIR not in sys.path:
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Each pytest-xdist worker gets its share of the cores for torch's intra-op threads, and so does every process it
+# starts (flower-simulation, a deployment's ServerApp and ClientApps): client/threads.py's rule for SuperNodes on one
+# host. With torch's default (one thread per core) in each of 2 workers on 2 cores the idle threads spin: measured on
+# tests/client/test_stacked.py alone, 28.6 -> 19.0 CPU-s at the same wall time (docs/benchmarks.md, issue 18).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    from client.threads import local_share, usable_cores
+
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(local_share(usable_cores(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 SHARED_SESSION_FIXTURES = ("reference_deploy",)  # session fixtures too costly to build once per xdist worker
 

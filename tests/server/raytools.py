@@ -53,7 +53,11 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def wait_gone(marker: str, timeout: float = 20.0) -> list[int]:
+def wait_gone(marker: str, timeout: float = 120.0) -> list[int]:
+    """Wait until no process carries ``marker`` (a private Ray temp dir) in its command line; the ones left after
+    ``timeout``. A leaked process never exits; Ray's own processes finish exiting some seconds after the driver,
+    and once took more than 20 s (the bound this had) with three test workers on 2 cores: 120 s tells the two
+    apart without luck."""
     deadline = time.time() + timeout
     while (left := processes_with(marker)) and time.time() < deadline:
         time.sleep(0.2)
