@@ -213,9 +213,7 @@ def _restart_superlink(fed: Federation) -> None:
             fed.wait_nodes(len(fed.supernodes), timeout=20)
         except DeployError:
             pass
-    for partition_id, proc in list(fed.supernodes.items()):
-        if not proc.alive():
-            fed.start_supernode(partition_id, fed.num_partitions, fed.data_root)
+    fed.restart_supernodes([p for p, proc in fed.supernodes.items() if not proc.alive()])
     _write_pids(fed)
 
 

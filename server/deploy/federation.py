@@ -262,6 +262,13 @@ class Federation:
                                     self.log_dir / f"supernode-{partition_id}.log", self.env, self.workdir).start()
         self.supernodes[partition_id] = _restarted(proc, old)
 
+    def restart_supernodes(self, partitions: Iterable[int]) -> None:
+        """Start the (stopped) SuperNodes of ``partitions`` again, all at once, with their last node config."""
+        partitions = list(partitions)
+        for partition_id in partitions:
+            self._launch_supernode(partition_id, self.num_partitions, self.data_root)
+        self.confirm_supernodes(partitions)
+
     def confirm_supernodes(self, partitions: Iterable[int]) -> None:
         """Wait until each SuperNode of ``partitions`` holds its Runtime API port (its log says
         ``NODE_BOUND``). One that exits because another process took that free port first starts again on
