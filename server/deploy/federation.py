@@ -45,6 +45,18 @@ NODE_BOUND = "Uvicorn running on"  # a SuperNode's log line once its Runtime API
 START_ATTEMPTS = 3  # starts of a process whose free port another process took first
 
 
+def start_state(proc: procs.ManagedProcess) -> str:
+    """Where a started SuperNode is: ``"bound"`` once its log says ``NODE_BOUND``, ``"starting"`` while it runs
+    without, else ``"port-taken"`` (another process took its free port first) or ``"exited"``."""
+    alive = proc.alive()  # first: the output of a process already gone is complete
+    output = proc.output()
+    if NODE_BOUND in output:
+        return "bound"
+    if alive:
+        return "starting"
+    return "port-taken" if procs.PORT_TAKEN.search(output) else "exited"
+
+
 class DeployError(RuntimeError):
     """A process of the federation failed (the message names it and quotes its log)."""
 
@@ -279,11 +291,11 @@ class Federation:
         while pending:
             for partition, attempt in list(pending.items()):
                 proc = self.supernodes[partition]
-                output = proc.output()
-                if NODE_BOUND in output:
+                state = start_state(proc)
+                if state == "bound":
                     del pending[partition]
-                elif not proc.alive():
-                    if not procs.PORT_TAKEN.search(output) or attempt == START_ATTEMPTS:
+                elif state != "starting":
+                    if state == "exited" or attempt == START_ATTEMPTS:
                         raise DeployError(f"{proc.name} exited with code {proc.returncode()} while starting:\n"
                                           f"{proc.tail()}")
                     self.on_notice(f"flower-deploy: {proc.name}'s port was taken before it could bind it; starting "

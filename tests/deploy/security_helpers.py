@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from server.deploy.federation import NODE_BOUND, START_ATTEMPTS, Federation
+from server.deploy.federation import START_ATTEMPTS, Federation, start_state
 from server.run import procs
 
 
@@ -96,13 +96,14 @@ def start_intruder(fed: Federation, name: str, security: list[str], node_config:
 
 
 def _start_bound(make: Callable[[], procs.ManagedProcess], cmd: list[str]) -> procs.ManagedProcess:
-    """Start the SuperNode ``make()`` builds and wait until it holds its Runtime API port or exits; when another
-    process took that port first, start it again on a fresh one (as Federation.confirm_supernodes does)."""
+    """Start the SuperNode ``make()`` builds and wait until it holds its Runtime API port or exits
+    (``federation.start_state``); when another process took that port first, start it again on a fresh one."""
     for _ in range(START_ATTEMPTS):
         proc = make().start()
-        while proc.alive() and NODE_BOUND not in proc.output():
+        deadline = time.monotonic() + 120  # a start-up that never ends is a failure, not a wait
+        while (state := start_state(proc)) == "starting" and time.monotonic() < deadline:
             time.sleep(0.05)
-        if proc.alive() or NODE_BOUND in proc.output() or not procs.PORT_TAKEN.search(proc.output()):
+        if state != "port-taken":
             return proc
         cmd[cmd.index("--port") + 1] = str(procs.free_port())
     return proc
