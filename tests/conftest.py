@@ -23,7 +23,8 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS",
                           str(local_share(usable_cores(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
-SHARED_SESSION_FIXTURES = ("reference_deploy",)  # session fixtures too costly to build once per xdist worker
+# session fixtures too costly to build once per xdist worker
+SHARED_SESSION_FIXTURES = ("reference_deploy", "toy_simulation")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids

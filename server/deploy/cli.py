@@ -127,10 +127,13 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
-           on_start: Callable[[Federation], None] | None = None) -> RunResult:
+           on_start: Callable[[Federation], None] | None = None,
+           node_config: dict[int, dict[str, str]] | None = None) -> RunResult:
     """Validate ``cfg``, start the federation, submit the run (resuming after a SuperLink crash), stop everything.
 
-    ``on_start`` is called with the running federation before the first submission (tests use it).
+    ``on_start`` is called with the running federation before the first submission (tests use it);
+    ``node_config`` adds ``key="value"`` pairs to the ``--node-config`` of the spawned SuperNode of a partition
+    from its first start on (kept for restarts; the ClientApp reads them from its context).
     """
     remote = (cfg.get("deploy") or {}).get("superlink") is not None
     cfg = config_lib.validate(cfg, check_paths=not remote)  # a remote ServerApp checks data.root on its host
@@ -146,6 +149,7 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
     opts.torch_threads = node_threads(cfg)  # what each SuperNode spawned here is told
     fed = Federation(run_dir / "deploy", app_dir, opts)
     fed.on_notice = on_line
+    fed.extra_node_config.update({int(p): dict(extra) for p, extra in (node_config or {}).items()})
     # SIGINT too: a shell starts a background job with SIGINT ignored, and Python then installs no handler
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     result: RunResult | None = None

@@ -418,13 +418,12 @@ class Federation:
         return [p for p in started if p.popen is not None]
 
     def stop(self) -> dict[int, str]:
-        """Stop the CLI, the SuperNodes, then the SuperLink, by PID; returns leftovers (pid -> cmdline)."""
+        """Stop the CLI, the SuperNodes, then the SuperLink with its SuperExec, by PID; returns leftovers (pid ->
+        cmdline)."""
         for proc in self.cli:
             proc.stop(5.0)
-        procs.stop_all(self.supernodes.values(), self.options.stop_timeout)
-        for proc in (self.superexec, self.superlink):
-            if proc is not None:
-                proc.stop(self.options.stop_timeout)
+        procs.stop_all(self.supernodes.values(), self.options.stop_timeout)  # first: they say goodbye to the link
+        procs.stop_all([p for p in (self.superexec, self.superlink) if p is not None], self.options.stop_timeout)
         return procs.leftovers(self.processes())
 
     def __enter__(self) -> Federation:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,16 +118,6 @@ def start_silent_node(fed: Federation, name: str, node_config: str, home: Path) 
     env = {**fed.env, "FLWR_HOME": str(home)}
     return _start_bound(lambda: procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir),
                         cmd)
-
-
-def restart_with(fed: Federation, settings: dict[int, dict[str, str]]) -> None:
-    """Restart spawned SuperNodes with extra node config of the test ClientApp (``query-gate``, ``train-gate``)."""
-    nodes = [fed.supernodes[p] for p in settings]
-    for node in nodes:
-        node.signal(signal.SIGTERM)
-    procs.wait_gone(nodes, fed.options.stop_timeout)
-    for p, extra in settings.items():
-        fed.start_supernode(p, fed.num_partitions, fed.data_root, extra_node_config=extra)
 
 
 def answered_query(log: Path) -> bool:

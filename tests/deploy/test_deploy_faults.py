@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from deploy_helpers import assert_same_model, compose, flower_processes, overrides, rows
-from security_helpers import restart_with
 
 from server.deploy.cli import deploy
 from server.deploy.federation import Federation
@@ -45,15 +44,20 @@ def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool
         gate.touch()
 
 
-def _held_victim(fed: Federation, out: dict, partition: int, sig: int, restart: bool,
+def _victim(tmp_path: Path, partition: int, num_nodes: int, gate: Path | None = None) -> tuple[dict, dict]:
+    """(victim, node_config): the node of ``partition`` holds in training until killed (it creates
+    ``victim["train-started"]`` and waits for ``victim["train-gate"]``); with a ``gate`` file the others hold their
+    round-1 training until the killer thread has seen the victim back online, so round 2 finds it. ``node_config``
+    goes to ``deploy``: the SuperNodes start with it (test ClientApp keys)."""
+    victim = {"train-started": str(tmp_path / f"partition-{partition}.train-started"),
+              "train-gate": str(tmp_path / f"partition-{partition}.killed")}
+    others = {p: {"train-gate": str(gate)} for p in range(num_nodes) if p != partition} if gate else {}
+    return victim, {partition: victim, **others}
+
+
+def _held_victim(fed: Federation, out: dict, partition: int, sig: int, restart: bool, victim: dict,
                  gate: Path | None = None) -> None:
-    """on_start part: make ``partition``'s node hold in training until killed (and, with a ``gate`` file, hold the
-    others' round-1 training until the killer thread has seen the victim back online, so round 2 finds it), wait
-    for the 4 nodes, start the killer thread."""
-    victim = {"train-started": str(fed.log_dir / f"partition-{partition}.train-started"),
-              "train-gate": str(fed.log_dir / f"partition-{partition}.killed")}  # held in training until killed
-    restart_with(fed, {partition: victim, **({p: {"train-gate": str(gate)} for p in fed.supernodes if p != partition}
-                                             if gate else {})})
+    """on_start part: wait for the 4 nodes, start the killer thread."""
     out["ids_before"] = sorted(fed.wait_nodes(4))
     threading.Thread(target=_kill_when_training, args=(fed, partition, sig, restart, out, victim, gate),
                      daemon=True).start()
@@ -71,10 +75,10 @@ def _watch(fed: Federation, out: dict) -> Callable[[str], None]:
     return on_line
 
 
-def deploy_and_check_cleanup(cfg, run_dir, on_line, on_start):
+def deploy_and_check_cleanup(cfg, run_dir, on_line, on_start, node_config=None):
     """Run flower-deploy's ``deploy`` and assert that no Flower process of this run is left, even on failure."""
     try:
-        return deploy(cfg, on_line=on_line, on_start=on_start)
+        return deploy(cfg, on_line=on_line, on_start=on_start, node_config=node_config)
     finally:
         left = flower_processes(run_dir / "deploy" / "flwr_home")
         assert not left, left
@@ -86,12 +90,14 @@ def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, misbehavin
     cfg = compose(overrides(deploy_data, run_dir, "participation.fraction=1.0", "deploy.tls=true", "deploy.auth=true",
                             f"deploy.app_dir={misbehaving_app_dir}"))
     out: dict = {}
+    gate = tmp_path / "gate"  # the others wait for the restarted node: round 2 finds it back
+    victim, node_config = _victim(tmp_path, 1, 4, gate)
 
-    def on_start(fed: Federation) -> None:  # the others wait for the restarted node: round 2 finds it back
-        _held_victim(fed, out, 1, signal.SIGTERM, True, gate=tmp_path / "gate")
+    def on_start(fed: Federation) -> None:
+        _held_victim(fed, out, 1, signal.SIGTERM, True, victim, gate)
         out["on_line"] = _watch(fed, out)
 
-    result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start)
+    result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start, node_config)
     assert result.ok, "\n".join(out["lines"][-60:])
     assert out.get("killed") and out.get("mid_training")
     metrics = rows(run_dir)
@@ -116,12 +122,14 @@ def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, misbehavi
     cfg = compose(overrides(deploy_data, run_dir, "round_timeout=25", "num_rounds=3",
                             f"deploy.app_dir={misbehaving_app_dir}"))
     out: dict = {}
+    partition = _first_group(cfg)[0]
+    victim, node_config = _victim(tmp_path, partition, 4)
 
     def on_start(fed: Federation) -> None:
-        _held_victim(fed, out, _first_group(cfg)[0], signal.SIGKILL, True)
+        _held_victim(fed, out, partition, signal.SIGKILL, True, victim)
         out["on_line"] = _watch(fed, out)
 
-    result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start)
+    result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start, node_config)
     assert result.ok, "\n".join(out["lines"][-60:])
     assert out.get("killed") and out.get("mid_training")
     metrics = rows(run_dir)

@@ -14,10 +14,10 @@ pytestmark = pytest.mark.e2e
 BROKEN = "nan,wrong-shape,zero-num-examples"  # one kind per round (tests/deploy/misbehaving_app.py)
 
 
-def _deploy(cfg, run_dir, on_start=None):
+def _deploy(cfg, run_dir, on_start=None, node_config=None):
     lines: list[str] = []
     try:
-        result = deploy(cfg, on_line=lines.append, on_start=on_start)
+        result = deploy(cfg, on_line=lines.append, on_start=on_start, node_config=node_config)
     finally:
         left = flower_processes(run_dir / "deploy" / "flwr_home")
         assert not left, left
@@ -29,16 +29,16 @@ def test_broken_supernode_is_rejected_and_changes_nothing(deploy_data, misbehavi
     """3 honest SuperNodes + 1 whose replies carry NaN weights (round 1), a wrong shape (round 2) and zero
     num-examples (round 3): all rounds complete, 1 rejection per round, and the final model equals (to 1e-12)
     that of the 3 honest nodes alone (partition 3 then has no node and is skipped)."""
-    extra = ("num_rounds=3", "participation.fraction=1.0", "participation.wait_timeout=3", "deploy.spawn_supernodes=3",
+    extra = ("num_rounds=3", "participation.fraction=1.0", "participation.wait_timeout=3",
              f"deploy.app_dir={misbehaving_app_dir}")
     honest_dir, broken_dir = tmp_path / "honest", tmp_path / "broken"
-    honest = _deploy(compose(overrides(deploy_data, honest_dir, *extra)), honest_dir)
+    honest = _deploy(compose(overrides(deploy_data, honest_dir, *extra, "deploy.spawn_supernodes=3")), honest_dir)
 
-    def add_broken_node(fed: Federation) -> None:
-        fed.start_supernode(3, fed.num_partitions, fed.data_root, extra_node_config={"misbehave": BROKEN})
+    def all_registered(fed: Federation) -> None:
         fed.wait_nodes(4)
 
-    broken = _deploy(compose(overrides(deploy_data, broken_dir, *extra)), broken_dir, add_broken_node)
+    broken = _deploy(compose(overrides(deploy_data, broken_dir, *extra, "deploy.spawn_supernodes=4")), broken_dir,
+                     all_registered, node_config={3: {"misbehave": BROKEN}})
     assert [r["round"] for r in broken] == [0, 1, 2, 3]
     for r in broken[1:]:
         assert (r["num_selected"], r["num_replies"], r["num_rejected"], r["num_failures"]) == (4, 3, 1, 0), r

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 from deploy_helpers import IN_PROCESS, assert_same_model, compose, flower_processes, overrides, rows, run_cli
-from security_helpers import open_gate_when_answered, restart_with, start_intruder, start_silent_node
+from security_helpers import open_gate_when_answered, start_intruder, start_silent_node
 
 from server.deploy.cli import deploy
 from server.deploy.federation import Federation
@@ -34,13 +34,15 @@ def sim_two(deploy_data, tmp_path_factory):
     return run_dir
 
 
-def _deploy(cfg, run_dir, tmp_path, on_start):
-    """flower-deploy with ``on_start(fed, intruders, home)``; every process (intruders too) is stopped after."""
+def _deploy(cfg, run_dir, tmp_path, on_start, node_config=None):
+    """flower-deploy with ``on_start(fed, intruders, home)`` (SuperNodes started with ``node_config``); every
+    process (intruders too) is stopped after."""
     intruders: dict[str, procs.ManagedProcess] = {}
     lines: list[str] = []
     home = tmp_path / "intruder_home"
     try:
-        result = deploy(cfg, on_line=lines.append, on_start=lambda fed: on_start(fed, intruders, home))
+        result = deploy(cfg, on_line=lines.append, on_start=lambda fed: on_start(fed, intruders, home),
+                        node_config=node_config)
     finally:
         for proc in intruders.values():
             proc.stop(10)
@@ -72,9 +74,10 @@ def test_racing_and_bad_claims_of_registered_nodes_are_refused(deploy_data, misb
     ids: dict[str, set[int]] = {}
     query_gate, train_gate = tmp_path / "query-gate", tmp_path / "train-gate"
 
+    node_config = {0: {"query-gate": str(query_gate), "train-gate": str(train_gate)},
+                   1: {"train-gate": str(train_gate)}}
+
     def on_start(fed: Federation, intruders: dict, home) -> None:
-        restart_with(fed, {0: {"query-gate": str(query_gate), "train-gate": str(train_gate)},
-                           1: {"train-gate": str(train_gate)}})
         ids["honest"] = set(fed.wait_nodes(2))
         intruders["racer"] = start_intruder(fed, "racer", _registered(fed, "racer"),
                                             'partition-id=0 num-partitions=2 misbehave="scale"', home, max_wait=30,
@@ -88,7 +91,7 @@ def test_racing_and_bad_claims_of_registered_nodes_are_refused(deploy_data, misb
         threading.Thread(target=open_gate_when_answered, args=(logs[:1], query_gate), daemon=True).start()
         threading.Thread(target=open_gate_when_answered, args=(logs, train_gate), daemon=True).start()
 
-    _deploy(cfg, run_dir, tmp_path, on_start)
+    _deploy(cfg, run_dir, tmp_path, on_start, node_config)
     metrics = rows(run_dir)
     assert sum(r["num_refused"] for r in metrics[1:]) == 3 and metrics[3]["num_refused"] == 0
     assert all(r["num_reassigned"] == 0 and r["num_silent"] == 0 for r in metrics[1:])

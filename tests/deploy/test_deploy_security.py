@@ -19,7 +19,6 @@ from security_helpers import (
     federation_sockets,
     open_gate_when_answered,
     open_gate_when_logged,
-    restart_with,
     runtime_port,
     start_intruder,
 )
@@ -56,7 +55,6 @@ def _run_with_hijacker(cfg, run_dir, tmp_path, on_start=None, hijacker_security=
         fed.wait_nodes(4)
         if on_start is not None:
             on_start(fed, intruders, home)
-        restart_with(fed, {p: {"train-gate": str(gate)} for p in fed.supernodes})
         security = hijacker_security(fed) if hijacker_security else ["--insecure"]
         intruders["hijacker"] = start_intruder(fed, "hijacker", security, 'partition-id=0 num-partitions=4 '
                                                f'misbehave="scale" query-gate="{query_gate}"', home, max_wait=30)
@@ -67,7 +65,8 @@ def _run_with_hijacker(cfg, run_dir, tmp_path, on_start=None, hijacker_security=
                          daemon=True).start()
 
     try:
-        result = deploy(cfg, on_line=lines.append, on_start=start)
+        result = deploy(cfg, on_line=lines.append, on_start=start,
+                        node_config={p: {"train-gate": str(gate)} for p in range(4)})
     finally:
         for proc in intruders.values():
             proc.stop(10)

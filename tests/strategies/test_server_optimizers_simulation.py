@@ -3,11 +3,9 @@ our FedAvgM / LocalUpdate with Yogi, Adagrad, Adam against Flower's own FedYogi,
 
 import numpy as np
 import pytest
-import toy_app
-from flwr.app import ConfigRecord, Context
-from flwr.serverapp import Grid, ServerApp
+from flwr.app import ConfigRecord
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedYogi
-from flwr.simulation import run_simulation
 from test_strategies_simulation import initial, trajectory_fn
 
 from strategies import FedAvgM, LocalUpdate
@@ -33,23 +31,18 @@ PAIRS = {
 }
 
 
-@pytest.fixture(scope="module")
-def trajectories():
-    results = {}
-    app = ServerApp()
+def run_pairs(grid: Grid, results: dict) -> None:
+    """This module's runs, inside the ServerApp of the shared simulation (tests/strategies/conftest.py)."""
+    for name, (ours, theirs) in PAIRS.items():
+        for side, strategy in (("ours", ours), ("flower", theirs)):
+            store = results.setdefault((name, side), {})
+            strategy.start(grid, initial(), num_rounds=ROUNDS, timeout=120,
+                           train_config=ConfigRecord({"lr": GAMMA}), evaluate_fn=trajectory_fn(store))
 
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        for name, (ours, theirs) in PAIRS.items():
-            for side, strategy in (("ours", ours), ("flower", theirs)):
-                store = results.setdefault((name, side), {})
-                strategy.start(grid, initial(), num_rounds=ROUNDS, timeout=120,
-                               train_config=ConfigRecord({"lr": GAMMA}), evaluate_fn=trajectory_fn(store))
 
-    run_simulation(app, toy_app.app, num_supernodes=NUM_NODES,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 2, "num_gpus": 0}})
-    return results
+@pytest.fixture
+def trajectories(toy_simulation):
+    return toy_simulation["optimizers"]
 
 
 @pytest.mark.parametrize("name", list(PAIRS))

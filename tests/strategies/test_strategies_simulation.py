@@ -1,12 +1,12 @@
-"""Every strategy through a real Flower simulation (Ray backend, 4 SuperNodes, toy quadratic clients)."""
+"""Every strategy through a real Flower simulation (Ray backend, 4 SuperNodes, toy quadratic clients; one simulation
+shared with test_server_optimizers_simulation.py, tests/strategies/conftest.py)."""
 
 import numpy as np
 import pytest
 import toy_app
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
-from flwr.serverapp import Grid, ServerApp
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
-from flwr.simulation import run_simulation
 
 from strategies import GHBM, CyclicClientManager, FedAvgM, FedCM, FedHBM, LocalGHBM, LocalUpdate, LocalUpdateDecay
 
@@ -29,58 +29,53 @@ def trajectory_fn(store):
 GHBM_ROUNDS = 8
 
 
-@pytest.fixture(scope="module")
-def simulation_results(tmp_path_factory):
-    results = {"state_dir": tmp_path_factory.mktemp("client_state")}
+def run_strategies(grid: Grid, results: dict) -> None:
+    """This module's runs, inside the ServerApp of the shared simulation (tests/strategies/conftest.py); the GHBM
+    family keeps its node-local state under ``results["state_dir"]``."""
+    for name, strategy in [
+        ("ours", FedAvgM(server_lr=1.2, momentum=0.9, fraction_evaluate=0.0,
+                         min_available_nodes=NUM_NODES, min_train_nodes=NUM_NODES)),
+        ("flower", FlowerFedAvgM(server_learning_rate=1.2 * (1 - 0.9), server_momentum=0.9,
+                                 fraction_evaluate=0.0, min_available_nodes=NUM_NODES,
+                                 min_train_nodes=NUM_NODES)),
+    ]:
+        store = results.setdefault(name, {})
+        strategy.start(grid, initial(), num_rounds=20, timeout=120, train_config=ConfigRecord({"lr": 0.2}),
+                       evaluate_fn=trajectory_fn(store))
+    cyclic = dict(fraction_evaluate=0.0, min_available_nodes=1)
+    for name, strategy in [
+        ("fedavgm", FedAvgM(server_lr=1.0, momentum=0.5, client_lr=0.1, **cyclic)),
+        ("fedcm", FedCM(server_lr=0.5, client_lr=0.1, momentum=0.9, **cyclic)),
+        ("localupdate", LocalUpdate(server_lr=0.1, client_lr=0.1, theta=[1.0, 1.0, 1.0], **cyclic)),
+        ("localupdate_decay", LocalUpdateDecay(server_lr=0.1, client_lr=0.1, theta="fedavg", local_steps=2,
+                                               window=1, patience=1, cooldown=0, min_delta=100.0, **cyclic)),
+    ]:
+        strategy.client_manager = CyclicClientManager(NUM_NODES, 0.5, seed=3, wait_timeout=60)
+        store = results.setdefault(name, {})
+        strategy.start(grid, initial(), num_rounds=3, timeout=120, evaluate_fn=trajectory_fn(store))
+        results[name + "/strategy"] = strategy
+    # the GHBM family; LocalGHBM under cyclic participation with p = 2 must equal GHBM(tau = 2)
+    state = {"client_state_dir": str(results["state_dir"])}
+    for name, strategy in [
+        ("ghbm", GHBM(server_lr=1.0, client_lr=0.1, momentum=0.9, tau=2, **cyclic)),
+        ("localghbm", LocalGHBM(server_lr=1.0, client_lr=0.1, momentum=0.9, **state, **cyclic)),
+        ("fedhbm", FedHBM(server_lr=1.0, client_lr=0.1, momentum=1.0, **state, **cyclic)),
+    ]:
+        strategy.client_manager = CyclicClientManager(NUM_NODES, 0.5, seed=3, wait_timeout=60)
+        store = results.setdefault(name, {})
+        results[name + "/result"] = strategy.start(grid, initial(), num_rounds=GHBM_ROUNDS, timeout=120,
+                                                   evaluate_fn=trajectory_fn(store))
+        results[name + "/strategy"] = strategy
+    # a schedule over 6 partitions on 4 nodes: partitions 4 and 5 never connect and are skipped
+    missing = FedAvgM(server_lr=1.0, momentum=0.0, client_lr=0.1, **cyclic)
+    missing.client_manager = CyclicClientManager(6, 0.5, groups=[[0, 4, 5], [1, 2, 3]], wait_for=NUM_NODES)
+    results["missing"] = missing.start(grid, initial(), num_rounds=2, timeout=120)
+    results["missing/strategy"] = missing
 
-    app = ServerApp()
 
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        for name, strategy in [
-            ("ours", FedAvgM(server_lr=1.2, momentum=0.9, fraction_evaluate=0.0,
-                             min_available_nodes=NUM_NODES, min_train_nodes=NUM_NODES)),
-            ("flower", FlowerFedAvgM(server_learning_rate=1.2 * (1 - 0.9), server_momentum=0.9,
-                                     fraction_evaluate=0.0, min_available_nodes=NUM_NODES,
-                                     min_train_nodes=NUM_NODES)),
-        ]:
-            store = results.setdefault(name, {})
-            strategy.start(grid, initial(), num_rounds=20, timeout=120, train_config=ConfigRecord({"lr": 0.2}),
-                           evaluate_fn=trajectory_fn(store))
-        cyclic = dict(fraction_evaluate=0.0, min_available_nodes=1)
-        for name, strategy in [
-            ("fedavgm", FedAvgM(server_lr=1.0, momentum=0.5, client_lr=0.1, **cyclic)),
-            ("fedcm", FedCM(server_lr=0.5, client_lr=0.1, momentum=0.9, **cyclic)),
-            ("localupdate", LocalUpdate(server_lr=0.1, client_lr=0.1, theta=[1.0, 1.0, 1.0], **cyclic)),
-            ("localupdate_decay", LocalUpdateDecay(server_lr=0.1, client_lr=0.1, theta="fedavg", local_steps=2,
-                                                   window=1, patience=1, cooldown=0, min_delta=100.0, **cyclic)),
-        ]:
-            strategy.client_manager = CyclicClientManager(NUM_NODES, 0.5, seed=3, wait_timeout=60)
-            store = results.setdefault(name, {})
-            strategy.start(grid, initial(), num_rounds=3, timeout=120, evaluate_fn=trajectory_fn(store))
-            results[name + "/strategy"] = strategy
-        # the GHBM family; LocalGHBM under cyclic participation with p = 2 must equal GHBM(tau = 2)
-        state = {"client_state_dir": str(results["state_dir"])}
-        for name, strategy in [
-            ("ghbm", GHBM(server_lr=1.0, client_lr=0.1, momentum=0.9, tau=2, **cyclic)),
-            ("localghbm", LocalGHBM(server_lr=1.0, client_lr=0.1, momentum=0.9, **state, **cyclic)),
-            ("fedhbm", FedHBM(server_lr=1.0, client_lr=0.1, momentum=1.0, **state, **cyclic)),
-        ]:
-            strategy.client_manager = CyclicClientManager(NUM_NODES, 0.5, seed=3, wait_timeout=60)
-            store = results.setdefault(name, {})
-            results[name + "/result"] = strategy.start(grid, initial(), num_rounds=GHBM_ROUNDS, timeout=120,
-                                                       evaluate_fn=trajectory_fn(store))
-            results[name + "/strategy"] = strategy
-        # a schedule over 6 partitions on 4 nodes: partitions 4 and 5 never connect and are skipped
-        missing = FedAvgM(server_lr=1.0, momentum=0.0, client_lr=0.1, **cyclic)
-        missing.client_manager = CyclicClientManager(6, 0.5, groups=[[0, 4, 5], [1, 2, 3]], wait_for=NUM_NODES)
-        results["missing"] = missing.start(grid, initial(), num_rounds=2, timeout=120)
-        results["missing/strategy"] = missing
-
-    run_simulation(app, toy_app.app, num_supernodes=NUM_NODES,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 2, "num_gpus": 0}})
-    return results
+@pytest.fixture
+def simulation_results(toy_simulation):
+    return toy_simulation["strategies"]
 
 
 def test_fedavgm_equals_flower_fedavgm_in_simulation(simulation_results):
