@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from strategies.participation import CyclicSchedule, make_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
+NODE_CONFIG_KEY = re.compile(r"[A-Za-z0-9_-]+")  # keys deploy(node_config=...) may add
 RESTART_GRACE = 3.0  # seconds local SuperNodes get to exit after SIGTERM when a memory-state SuperLink restarts
 _OPTION_KEYS = ("host", "address", "fleet_port", "control_port", "superlink", "root_certificates", "tls", "auth",
                 "cert_hosts", "database", "startup_timeout", "stop_timeout", "fast", "poll_interval",
@@ -138,6 +140,7 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
     remote = (cfg.get("deploy") or {}).get("superlink") is not None
     cfg = config_lib.validate(cfg, check_paths=not remote)  # a remote ServerApp checks data.root on its host
     d = validate_deploy(cfg)
+    check_node_config(node_config, int(d.get("spawn_supernodes", 0) or 0))
     run_dir = Path(cfg["run_dir"]).resolve()
     cfg["run_dir"] = str(run_dir)
     try:  # what flwr run packs, without walking .venv at every submission (server/deploy/app_stage.py)
@@ -185,6 +188,23 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
         left = fed.stop()
         if left:
             on_line(f"flower-deploy: WARNING processes still alive after stop: {left}")
+
+
+def check_node_config(node_config: dict[int, dict[str, str]] | None, spawned: int) -> None:
+    """``deploy``'s ``node_config``: partitions of SuperNodes spawned here, keys of letters, digits, ``-`` and
+    ``_``, string values without a double quote (they go into ``--node-config key="value"``); a ConfigError
+    otherwise, before any process starts."""
+    for partition, extra in (node_config or {}).items():
+        if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < spawned:
+            raise config_lib.ConfigError(f"node_config: partition {partition!r} has no SuperNode spawned here "
+                                         f"(deploy.spawn_supernodes={spawned})")
+        for key, value in extra.items():
+            if not isinstance(key, str) or not NODE_CONFIG_KEY.fullmatch(key):
+                raise config_lib.ConfigError(f"node_config: partition {partition}: key {key!r} must be letters, "
+                                             f"digits, '-' or '_'")
+            if not isinstance(value, str) or '"' in value:
+                raise config_lib.ConfigError(f"node_config: partition {partition}: value of {key!r} must be a "
+                                             f"string without '\"', got {value!r}")
 
 
 def _set_partition_owners(cfg: dict[str, Any], fed: Federation) -> None:

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 from deploy_helpers import ROOT, compose, overrides, run_cli
 
 from server.deploy.app_stage import stage_app
-from server.deploy.cli import concurrent_local_nodes, node_threads, state_in_file, validate_deploy
+from server.deploy.cli import concurrent_local_nodes, deploy, node_threads, state_in_file, validate_deploy
 from server.deploy.tls import make_node_key, make_tls
 from server.run import config as config_lib
 
@@ -61,6 +61,24 @@ def test_an_app_dir_that_is_no_flower_app_is_one_line_before_any_process(tmp_pat
     assert proc.returncode == 2 and proc.stdout.strip().splitlines()[-1].startswith(
         "flower-deploy: invalid configuration: 'deploy.app_dir': cannot pack"), proc.stdout
     assert not (run_dir / "deploy" / "logs").exists()
+
+
+@pytest.mark.parametrize("node_config, message", [
+    ({4: {"gate": "/tmp/g"}}, "partition 4 has no SuperNode"),
+    ({-1: {"gate": "/tmp/g"}}, "partition -1 has no SuperNode"),
+    ({"0": {"gate": "/tmp/g"}}, "partition '0' has no SuperNode"),
+    ({0: {"gate key": "x"}}, "key 'gate key' must be"),
+    ({0: {"gate": 'a" misbehave="scale'}}, "value of 'gate' must be"),
+    ({0: {"gate": 3}}, "value of 'gate' must be"),
+])
+def test_broken_node_config_is_one_error_before_any_process(tmp_path, deploy_data, node_config, message):
+    """``deploy(cfg, node_config=...)``: a partition not spawned here, a key or a value that would not survive
+    ``--node-config key="value"`` is a ConfigError before anything is staged or started."""
+    run_dir = tmp_path / "run"
+    cfg = compose(overrides(deploy_data, run_dir))
+    with pytest.raises(config_lib.ConfigError, match=message):
+        deploy(cfg, node_config=node_config)
+    assert not (run_dir / "deploy").exists()
 
 
 @pytest.mark.parametrize("extra, message", [
