@@ -229,8 +229,7 @@ def _restart_superlink(fed: Federation) -> None:
     fed.start_superlink()
     if not fed.options.database:
         if fed.options.auth:  # registrations lived in the lost in-memory state
-            for key in fed.node_keys.values():
-                fed.flwr("supernode", "register", str(key.public), "fedmomentum", check=False)
+            fed.register_keys_again()
         procs.stop_all(fed.supernodes.values(), RESTART_GRACE)  # doomed: all at once, a short grace
     else:
         try:

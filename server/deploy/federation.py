@@ -16,7 +16,6 @@ SuperNodes' ClientApp workers (``fast``, :mod:`server.deploy.flwr_fast`). SuperN
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import re
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from client import threads
 from server.deploy import flwr_fast, tls
+from server.deploy.control import ControlClient, ControlError
 from server.run import procs
 
 CONNECTION = "fedmomentum"
@@ -110,6 +110,8 @@ class Federation:
         if opts.auth and not (opts.tls or opts.root_certificates):
             raise ValueError("SuperNode authentication needs TLS (deploy.tls=true)")
         self.on_notice: Callable[[str], None] = lambda line: print(line, file=sys.stderr)  # retries, for the user
+        self._control: ControlClient | None = None  # the Control API, from this process (server/deploy/control.py)
+        self._control_lock = threading.Lock()
         self._pick_superlink_ports()
         self.tls_files = tls.make_tls(self.workdir / "tls", opts.cert_hosts) if self.spawn and opts.tls else None
         self.ca_cert = str(self.tls_files.ca_cert) if self.tls_files else opts.root_certificates
@@ -137,6 +139,7 @@ class Federation:
         self.fleet_port = opts.fleet_port or procs.free_port(opts.host)
         self.control_port = opts.control_port or procs.free_port(LOOPBACK)
         self.control_address = opts.superlink or f"{LOOPBACK}:{self.control_port}"
+        self._close_control()
         self.fleet_address = f"{opts.address}:{self.fleet_port}"
 
     def _write_connection(self) -> None:
@@ -309,13 +312,25 @@ class Federation:
                 time.sleep(0.05)
 
     def node_key(self, name: str) -> tls.NodeKey:
-        """The key pair ``keys/<name>``, made and registered with the SuperLink (``flwr supernode register``)
-        on first use."""
+        """The key pair ``keys/<name>``, made and registered with the SuperLink (what ``flwr supernode register``
+        sends) on first use."""
         if name not in self.node_keys:
             key = tls.make_node_key(self.workdir / "keys", name)
-            self.flwr("supernode", "register", str(key.public), CONNECTION)
+            try:
+                self.control().register_node(key.public)
+            except ControlError as exc:
+                raise DeployError(f"registering the key of {name} failed: {exc}") from exc
             self.node_keys[name] = key
         return self.node_keys[name]
+
+    def register_keys_again(self) -> None:
+        """Register every key of :meth:`node_key` again (a restarted SuperLink whose state was in memory); a
+        refusal (e.g. the key is still known) is not an error."""
+        for name, key in self.node_keys.items():
+            try:
+                self.control().register_node(key.public)
+            except ControlError as exc:
+                self.on_notice(f"flower-deploy: registering the key of {name} again: {exc}")
 
     def start_supernodes(self, count: int, num_partitions: int, data_root: str | None = None) -> None:
         """SuperNodes for partitions 0..count-1, started together; returns once each holds its port."""
@@ -324,13 +339,12 @@ class Federation:
         self.confirm_supernodes(range(count))
 
     def node_ids(self) -> list[int]:
-        """IDs of the SuperNodes the SuperLink lists as online (``flwr supernode list``)."""
-        out = self.flwr("supernode", "list", CONNECTION, "--format", "json", check=False)
+        """IDs of the SuperNodes the SuperLink lists as online (what ``flwr supernode list`` shows; none while
+        the SuperLink does not answer)."""
         try:
-            nodes = json.loads(out).get("nodes", [])
-        except json.JSONDecodeError:
+            return self.control().online_node_ids()
+        except ControlError:
             return []
-        return [int(n["node-id"]) for n in nodes if n.get("status") == "online"]
 
     def wait_nodes(self, count: int, timeout: float | None = None) -> list[int]:
         """Wait until ``count`` SuperNodes are online; raise when a spawned one exits meanwhile."""
@@ -346,7 +360,20 @@ class Federation:
                 raise DeployError(f"only {len(ids)} of {count} SuperNodes online after the timeout")
             time.sleep(1.0)
 
-    # ----------------------------------------------------------------------- CLI
+    # ----------------------------------------------------------------------- Control API and CLI
+    def control(self) -> ControlClient:
+        """This federation's Control API client (made on first use, closed by :meth:`stop`)."""
+        with self._control_lock:
+            if self._control is None:
+                self._control = ControlClient(self.control_address, self.ca_cert)
+            return self._control
+
+    def _close_control(self) -> None:
+        with self._control_lock:
+            if self._control is not None:
+                self._control.close()
+                self._control = None
+
     def flwr(self, *args: str, check: bool = True, timeout: float = 60.0) -> str:
         """Run a ``flwr`` CLI command against this federation; returns stdout."""
         res = subprocess.run([procs.executable("flwr"), *args], env=self.env, cwd=self.workdir, capture_output=True,
@@ -356,13 +383,11 @@ class Federation:
         return res.stdout
 
     def run_status(self, run_id: int) -> str:
-        """Status of a run as ``flwr ls`` reports it ('' when unknown)."""
-        out = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json", check=False)
+        """Status of a run as ``flwr ls`` reports it ('' when unknown or the SuperLink does not answer)."""
         try:
-            runs = json.loads(out).get("runs", [])
-        except json.JSONDecodeError:
+            return self.control().run_status(run_id)
+        except ControlError:
             return ""
-        return str(runs[0]["status"]) if runs else ""
 
     def submit(self, run_config: dict[str, str], on_line: Callable[[str], None] = print,
                timeout: float | None = None) -> RunResult:
@@ -424,6 +449,7 @@ class Federation:
             proc.stop(5.0)
         procs.stop_all(self.supernodes.values(), self.options.stop_timeout)  # first: they say goodbye to the link
         procs.stop_all([p for p in (self.superexec, self.superlink) if p is not None], self.options.stop_timeout)
+        self._close_control()
         return procs.leftovers(self.processes())
 
     def __enter__(self) -> Federation:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_fedhbm_deployment_equals_simulation(deploy_data, tmp_path):
-    extra = ("strategy=fedhbm", "num_rounds=3")
+    extra = ("strategy=fedhbm", "num_rounds=3", "num_clients=2")  # cyclic: 0, 1, then 0 again
     dep_dir, sim_dir = tmp_path / "deploy", tmp_path / "sim"
     proc = run_cli("flower-deploy", overrides(deploy_data, dep_dir, *extra), timeout=300)
     left = flower_processes(dep_dir / "deploy" / "flwr_home")
@@ -26,4 +26,4 @@ def test_fedhbm_deployment_equals_simulation(deploy_data, tmp_path):
     assert [{k: r.get(k) for k in keys} for r in rows(dep_dir)] == [{k: r.get(k) for k in keys} for r in rows(sim_dir)]
     states = sorted(p.relative_to(dep_dir / "client_state").parts[1:] for p in
                     (dep_dir / "client_state").glob("*/partition-*/r*.npz"))
-    assert len(states) == 6 and {s[0] for s in states} == {f"partition-{i}" for i in range(4)}
+    assert len(states) == 3 and {s[0] for s in states} == {f"partition-{i}" for i in range(2)}

@@ -70,12 +70,13 @@ def test_same_global_model_as_simulation(reference_deploy, deploy_data, tmp_path
 
 
 def test_ctrl_c_stops_every_process(deploy_data, tmp_path):
-    """SIGINT during a run: exit code 130 and no SuperLink/SuperNode/SuperExec/ClientApp process left."""
+    """SIGINT during a run (2 SuperNodes): exit code 130 and no SuperLink/SuperNode/SuperExec/ClientApp process
+    left."""
     run_dir = tmp_path / "run"
     # started as a shell starts a background job (SIGINT ignored, so Python installs no handler of its own): the
     # run must end anyway, and the test does not depend on how pytest itself was started
-    popen = subprocess.Popen([str(BIN / "flower-deploy"), *overrides(deploy_data, run_dir)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT,
+    popen = subprocess.Popen([str(BIN / "flower-deploy"), *overrides(deploy_data, run_dir, "num_clients=2")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     reader = LineReader(popen)
     try:
@@ -104,18 +105,18 @@ def test_logreg_deploys_and_equals_the_batched_engine(deploy_data, tmp_path):
     summation order (normwise relative 1e-5, the bound of tests/server/test_batched_engine.py).
 
     The same federation shows that local SuperNodes share the cores: with the default ``client.torch_threads=0``
-    every ClientApp of the 4 SuperNodes (all training in each round) runs max(1, cores // 4) torch threads, told
+    every ClientApp of the 2 SuperNodes (both training in each round) runs max(1, cores // 2) torch threads, told
     by flower-deploy (node_config) and reported by the ClientApp itself."""
     extra = ("model=logreg", "client.augment=false", "client.weight_decay=1e-3", "client.torch_threads=0",
-             "participation.fraction=1.0")
+             "num_clients=2", "participation.fraction=1.0")
     deploy_dir, batched_dir = tmp_path / "deploy", tmp_path / "batched"
     proc = run_cli("flower-deploy", overrides(deploy_data, deploy_dir, *extra), timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert not flower_processes(deploy_dir / "deploy" / "flwr_home")
-    share = local_share(usable_cores(), 4)
-    for i in range(4):
+    share = local_share(usable_cores(), 2)
+    for i in range(2):
         log = (deploy_dir / "deploy" / "logs" / f"supernode-{i}.log").read_text()
-        assert f"partition-id={i} num-partitions=4 torch-threads={share}" in log
+        assert f"partition-id={i} num-partitions=2 torch-threads={share}" in log
         used = re.findall(r"ClientApp torch threads: (\d+) \(([^;]+);", log)
         assert used == [(str(share), "node_config torch-threads")] * 2, log[-3000:]  # a train message per round
     proc = run_cli("flower-simulation", overrides(deploy_data, batched_dir, *extra, "engine=batched"), timeout=240)
@@ -127,7 +128,7 @@ def test_logreg_deploys_and_equals_the_batched_engine(deploy_data, tmp_path):
         scale = float(np.abs(deployed[key]).max())
         assert float(np.abs(batched[key] - deployed[key]).max()) <= 1e-5 * scale, key
     replies = [[r["num_replies"] for r in rows(path)[1:]] for path in (deploy_dir, batched_dir)]
-    assert replies == [[4, 4], [4, 4]]
+    assert replies == [[2, 2], [2, 2]]
 
 
 def test_natural_task_preset_deploys_and_equals_the_batched_engine(tmp_path):
@@ -136,7 +137,7 @@ def test_natural_task_preset_deploys_and_equals_the_batched_engine(tmp_path):
     batched engine's model bitwise (the CNN is trained one client after another through the ClientApp's code)."""
     from natural_datagen import MAKERS, write
 
-    root = write(MAKERS["femnist"](num_clients=4), tmp_path / "copy")
+    root = write(MAKERS["femnist"](num_clients=2), tmp_path / "copy")
     args = ["+experiment=seed001_femnist", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "num_rounds=2",
             "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1", "eval_every=1",
             "round_timeout=60", "progress_every=0.2"]
@@ -144,7 +145,7 @@ def test_natural_task_preset_deploys_and_equals_the_batched_engine(tmp_path):
     proc = run_cli("flower-deploy", [*args, f"run_dir={deploy_dir}", f"hydra.run.dir={deploy_dir}"], timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert not flower_processes(deploy_dir / "deploy" / "flwr_home")
-    assert len(list((deploy_dir / "deploy" / "logs").glob("supernode-*.log"))) == 4  # every natural writer
+    assert len(list((deploy_dir / "deploy" / "logs").glob("supernode-*.log"))) == 2  # every natural writer
     proc = run_cli("flower-simulation", [*args, *IN_PROCESS, f"hydra.run.dir={batched_dir}"], timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert_same_model(deploy_dir, batched_dir)

@@ -28,14 +28,15 @@ from server.deploy.cli import deploy
 from server.deploy.federation import LOOPBACK, Federation
 
 pytestmark = pytest.mark.e2e
-ROUNDS = "num_rounds=3"
+SETTING = ("num_clients=2", "participation.fraction=1.0", "num_rounds=3")  # 2 SuperNodes, both train
 
 
 @pytest.fixture(scope="module")
 def sim_reference(deploy_data, tmp_path_factory):
-    """The 3-round experiment in simulation, batched engine (bitwise equal to an honest deployment and to Ray)."""
+    """The 2-client, 3-round experiment in simulation, batched engine (bitwise equal to an honest deployment and
+    to Ray)."""
     run_dir = tmp_path_factory.mktemp("sim3") / "run"
-    proc = run_cli("flower-simulation", overrides(deploy_data, run_dir, ROUNDS, *IN_PROCESS), timeout=240)
+    proc = run_cli("flower-simulation", overrides(deploy_data, run_dir, *SETTING, *IN_PROCESS), timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return run_dir
 
@@ -52,13 +53,13 @@ def _run_with_hijacker(cfg, run_dir, tmp_path, on_start=None, hijacker_security=
     gate, query_gate = tmp_path / "gate", tmp_path / "query-gate"
 
     def start(fed: Federation) -> None:
-        fed.wait_nodes(4)
+        fed.wait_nodes(2)
         if on_start is not None:
             on_start(fed, intruders, home)
         security = hijacker_security(fed) if hijacker_security else ["--insecure"]
-        intruders["hijacker"] = start_intruder(fed, "hijacker", security, 'partition-id=0 num-partitions=4 '
+        intruders["hijacker"] = start_intruder(fed, "hijacker", security, 'partition-id=0 num-partitions=2 '
                                                f'misbehave="scale" query-gate="{query_gate}"', home, max_wait=30)
-        fed.wait_nodes(5)
+        fed.wait_nodes(3)
         threading.Thread(target=open_gate_when_logged, args=(lines, "serves partition 0", query_gate),
                          daemon=True).start()
         threading.Thread(target=open_gate_when_answered, args=([fed.log_dir / "hijacker.log"], gate),
@@ -66,7 +67,7 @@ def _run_with_hijacker(cfg, run_dir, tmp_path, on_start=None, hijacker_security=
 
     try:
         result = deploy(cfg, on_line=lines.append, on_start=start,
-                        node_config={p: {"train-gate": str(gate)} for p in range(4)})
+                        node_config={p: {"train-gate": str(gate)} for p in range(2)})
     finally:
         for proc in intruders.values():
             proc.stop(10)
@@ -84,7 +85,7 @@ def _check_sockets(fed: Federation) -> None:
         for ip, port in found:
             assert ipaddress.ip_address(ip).is_loopback, (name, ip, port)
             assert ip == LOOPBACK or (name, port) == ("superlink", fed.fleet_port), (name, ip, port)
-    for i in range(4):
+    for i in range(2):
         assert (LOOPBACK, runtime_port(fed.supernodes[i])) in sockets[f"supernode-{i}"]
 
 
@@ -103,7 +104,7 @@ def _check_runtime_auth(fed: Federation) -> None:
 
 def _start_refused_intruders(fed: Federation, intruders: dict, home) -> None:
     """Three SuperNodes that must never join: unregistered key, --insecure, a CA of their own."""
-    node_config = "partition-id=1 num-partitions=4"
+    node_config = "partition-id=1 num-partitions=2"
     own_key = tls.make_node_key(home / "keys", "unregistered")
     evil = tls.make_tls(home / "evil-ca", ["127.0.0.2"])
     cases = {
@@ -123,7 +124,7 @@ def test_intruders_refused_apis_on_loopback_hijack_refused(deploy_data, misbehav
     exit 1 without joining; a registered intruder claiming partition 0 is refused and counted; the final model is
     the honest one."""
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, ROUNDS, "deploy.tls=true", "deploy.auth=true",
+    cfg = compose(overrides(deploy_data, run_dir, *SETTING, "deploy.tls=true", "deploy.auth=true",
                             "deploy.host=127.0.0.2", "deploy.address=127.0.0.2", "deploy.cert_hosts=[127.0.0.2]",
                             f"deploy.app_dir={misbehaving_app_dir}"))
 
@@ -160,7 +161,7 @@ def test_hijack_without_auth_is_refused_while_the_holder_answers(deploy_data, mi
     counted and logged; its x1.1 update never goes in. (Without auth it could still win by answering first, or
     take a partition whose node left or went silent, counted in num_reassigned: docs/deploy.md "Security".)"""
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, ROUNDS, f"deploy.app_dir={misbehaving_app_dir}"))
+    cfg = compose(overrides(deploy_data, run_dir, *SETTING, f"deploy.app_dir={misbehaving_app_dir}"))
     result, lines, _ = _run_with_hijacker(cfg, run_dir, tmp_path)
     assert result.ok, "\n".join(lines[-60:])
     metrics = rows(run_dir)

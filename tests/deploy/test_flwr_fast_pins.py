@@ -1,5 +1,5 @@
-"""Pins of the Flower 1.39 internals that server/deploy/flwr_fast.py relies on: each test fails loudly (naming the
-internal) when another flwr version changes one of them. Fast: no federation is started."""
+"""Pins of the Flower 1.39 internals that server/deploy/flwr_fast.py and server/deploy/control.py rely on: each test
+fails loudly (naming the internal) when another flwr version changes one of them. Fast: no federation is started."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import functools
 import hashlib
 import importlib
 import inspect
+import socket
 
 import flwr
 import pytest
 from deploy_helpers import ROOT
 
-from server.deploy import flwr_fast
+from server.deploy import control, flwr_fast
 from server.run.progress import format_duration
 
 
@@ -26,9 +27,43 @@ def test_flwr_version_is_the_one_read():
         "in INTERNALS before using another version")
 
 
-@pytest.mark.parametrize("module, attr", flwr_fast.INTERNALS)
+@pytest.mark.parametrize("module, attr", flwr_fast.INTERNALS + control.INTERNALS)
 def test_internal_exists(module, attr):
     assert hasattr(importlib.import_module(module), attr), f"{module}.{attr} is gone"
+
+
+def test_control_client_calls():
+    """server/deploy/control.py: the Control API client's methods and constructor, the request fields it sets,
+    the node status it filters on, and the CLI's key loader."""
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.proto.control_pb2 import ListNodesResponse, ListRunsRequest, RegisterNodeRequest
+    from flwr.supercore.control import ControlHttpClient
+
+    for method in ("ListNodes", "RegisterNode", "ListRuns", "close"):
+        assert callable(getattr(ControlHttpClient, method)), method
+    assert {"server_address", "insecure", "root_certificates", "interceptors"} <= \
+        _params(ControlHttpClient.from_server_address)
+    assert "public_key" in RegisterNodeRequest.DESCRIPTOR.fields_by_name
+    assert "run_id" in ListRunsRequest.DESCRIPTOR.fields_by_name
+    info = ListNodesResponse.DESCRIPTOR.fields_by_name["nodes_info"].message_type.fields_by_name
+    assert {"node_id", "status"} <= set(info)
+    assert '== "online"' in inspect.getsource(importlib.import_module("flwr.cli.supernode.ls"))
+    assert _params(try_load_public_key) == {"public_key_path"}
+
+
+def test_control_client_failure_is_a_control_error():
+    """A SuperLink that does not answer (a bound port nobody listens on: refused) is a ControlError, which
+    Federation.node_ids reads as "no node online" and node_key as a DeployError."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        client = control.ControlClient(f"127.0.0.1:{sock.getsockname()[1]}")
+        try:
+            with pytest.raises(control.ControlError, match="ListNodes failed"):
+                client.online_node_ids()
+            with pytest.raises(control.ControlError, match="ListRuns failed"):
+                client.run_status(1)
+        finally:
+            client.close()
 
 
 def test_supernode_loop_sleeps_and_hooks():
