@@ -448,8 +448,8 @@ class Federation:
         for proc in self.cli:
             proc.stop(5.0)
         procs.stop_all(self.supernodes.values(), self.options.stop_timeout)  # first: they say goodbye to the link
+        self._close_control()  # before the SuperLink: its graceful shutdown waits for open connections to close
         procs.stop_all([p for p in (self.superexec, self.superlink) if p is not None], self.options.stop_timeout)
-        self._close_control()
         return procs.leftovers(self.processes())
 
     def __enter__(self) -> Federation:

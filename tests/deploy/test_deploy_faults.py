@@ -112,6 +112,9 @@ def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, misbehavin
     assert "root-certificates" in connection and "insecure" not in connection
     superlink_log = (run_dir / "deploy" / "logs" / "superlink.log").read_text()
     assert "--ssl-certfile" in superlink_log and "--enable-supernode-auth" in superlink_log
+    # stopped gracefully by SIGTERM, not SIGKILLed after deploy.stop_timeout: flower-deploy closes its own Control
+    # API connection first (a TLS SuperLink's shutdown waits for open connections to close)
+    assert "Finished server process" in superlink_log.strip().splitlines()[-1], superlink_log[-2000:]
     assert "--insecure" not in (run_dir / "deploy" / "logs" / "supernode-0.log").read_text()
 
 

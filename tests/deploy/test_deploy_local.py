@@ -49,6 +49,9 @@ def test_four_supernodes_two_rounds(reference_deploy):
         assert "ClientApp torch threads: 1 (client.torch_threads; node default" in log  # the config overrides
     superlink_log = (run_dir / "deploy" / "logs" / "superlink.log").read_text()
     assert "Fleet API (gRPC-rere) on 127.0.0.1:" in superlink_log
+    # stopped gracefully by SIGTERM, not SIGKILLed after deploy.stop_timeout (flower-deploy's own Control API
+    # connection is closed first: the SuperLink's shutdown waits for open connections)
+    assert "Finished server process" in superlink_log.strip().splitlines()[-1], superlink_log[-2000:]
 
 
 def test_same_global_model_as_simulation(reference_deploy, deploy_data, tmp_path):
