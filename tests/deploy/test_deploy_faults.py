@@ -10,13 +10,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from deploy_helpers import assert_same_model, compose, flower_processes, overrides, rows
+from deploy_helpers import IN_PROCESS, assert_same_model, compose, flower_processes, overrides, rows, run_cli
 
 from server.deploy.cli import deploy
 from server.deploy.federation import Federation
 from server.run import procs
 
 pytestmark = pytest.mark.e2e
+CRASH_SETTING = ("num_clients=2", "participation.fraction=1.0")  # the SuperLink-crash runs: 2 SuperNodes, both train
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(deploy_data, tmp_path_factory):
+    """The SuperLink-crash experiment without a crash, in simulation on the batched engine: bitwise the model and
+    server metrics of an uninterrupted deployment (tests/deploy/test_deploy_ghbm.py, test_deploy_local.py)."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    proc = run_cli("flower-simulation", overrides(deploy_data, run_dir, *CRASH_SETTING, *IN_PROCESS), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return run_dir
 
 
 def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool, out: dict, victim: dict,
@@ -173,14 +184,14 @@ def _crash_superlink_after_round(fed: Federation, run_dir: Path, rnd: int, out: 
 
 
 @pytest.mark.parametrize("database", ["auto", "true"], ids=["state-in-memory", "state-in-file"])
-def test_superlink_crash_resumes_to_the_same_model(reference_deploy, deploy_data, tmp_path, database):
-    """Kill the SuperLink after round 1: flower-deploy restarts it, resumes from the checkpoint and ends with the
-    bitwise-same model and metrics as the uninterrupted reference run. With the state in a file the SuperNodes
+def test_superlink_crash_resumes_to_the_same_model(uninterrupted, deploy_data, tmp_path, database):
+    """Kill the SuperLink after round 1 (2 SuperNodes): flower-deploy restarts it, resumes from the checkpoint and
+    ends with the bitwise-same model and metrics as the uninterrupted run. With the state in a file the SuperNodes
     reconnect by themselves (same processes); with the state in memory (``auto`` for a local federation)
     flower-deploy starts them again."""
-    ref_dir, _ = reference_deploy
+    ref_dir = uninterrupted
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, f"deploy.database={database}"))
+    cfg = compose(overrides(deploy_data, run_dir, *CRASH_SETTING, f"deploy.database={database}"))
     out: dict = {}
     lines: list[str] = []
 
