@@ -71,7 +71,12 @@ class ControlClient:
         from flwr.cli.supernode.register import try_load_public_key
         from flwr.proto.control_pb2 import RegisterNodeRequest
 
-        public_key = try_load_public_key(Path(public_key_file))
+        if not Path(public_key_file).is_file():
+            raise ControlError(f"{public_key_file}: no such SuperNode public key file")
+        try:
+            public_key = try_load_public_key(Path(public_key_file))
+        except SystemExit as exc:  # the CLI's loader exits on a key that is not NIST EC in OpenSSH format
+            raise ControlError(f"{public_key_file}: not a usable SuperNode public key (exit {exc.code})") from None
         node_id = int(self._call("RegisterNode", RegisterNodeRequest(public_key=public_key)).node_id)
         if not node_id:
             raise ControlError("Control API RegisterNode: the SuperLink registered no node")

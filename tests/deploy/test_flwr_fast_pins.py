@@ -62,6 +62,10 @@ def test_control_client_failure_is_a_control_error():
                 client.online_node_ids()
             with pytest.raises(control.ControlError, match="ListRuns failed"):
                 client.run_status(1)
+            with pytest.raises(control.ControlError, match="not a usable SuperNode public key"):
+                client.register_node(ROOT / "README.md")  # checked before any request
+            with pytest.raises(control.ControlError, match="no such SuperNode public key file"):
+                client.register_node(ROOT / "no-such.pub")
         finally:
             client.close()
 
