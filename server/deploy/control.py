@@ -26,7 +26,8 @@ INTERNALS = (
     ("flwr.proto.control_pb2", "ListNodesRequest"),
     ("flwr.proto.control_pb2", "RegisterNodeRequest"),
     ("flwr.proto.control_pb2", "ListRunsRequest"),
-    ("flwr.cli.supernode.register", "try_load_public_key"),  # the CLI's key check and encoding
+    ("flwr.supercore.primitives.asymmetric", "uses_nist_ec_curve"),  # the checks and encoding of
+    ("flwr.supercore.primitives.asymmetric", "public_key_to_bytes"),  # `flwr supernode register`'s key loader
 )
 
 
@@ -67,16 +68,11 @@ class ControlClient:
 
     def register_node(self, public_key_file: str | Path) -> int:
         """Register a SuperNode's public key file (OpenSSH format, a NIST EC curve) as ``flwr supernode register``
-        does; returns the new node ID."""
-        from flwr.cli.supernode.register import try_load_public_key
+        does (its checks and PEM encoding, not its loader: that one's ``flwr_exit`` arms a timer which ends the whole
+        process); returns the new node ID."""
         from flwr.proto.control_pb2 import RegisterNodeRequest
 
-        if not Path(public_key_file).is_file():
-            raise ControlError(f"{public_key_file}: no such SuperNode public key file")
-        try:
-            public_key = try_load_public_key(Path(public_key_file))
-        except SystemExit as exc:  # the CLI's loader exits on a key that is not NIST EC in OpenSSH format
-            raise ControlError(f"{public_key_file}: not a usable SuperNode public key (exit {exc.code})") from None
+        public_key = _public_key_bytes(Path(public_key_file))
         node_id = int(self._call("RegisterNode", RegisterNodeRequest(public_key=public_key)).node_id)
         if not node_id:
             raise ControlError("Control API RegisterNode: the SuperLink registered no node")
@@ -96,3 +92,19 @@ class ControlClient:
     def close(self) -> None:
         with self._lock:
             self._client.close()
+
+
+def _public_key_bytes(path: Path) -> bytes:
+    """An OpenSSH EC public key on a NIST curve, PEM-encoded as Flower registers it; else a ControlError."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes, uses_nist_ec_curve
+
+    try:
+        key = serialization.load_ssh_public_key(path.read_bytes())
+    except (OSError, ValueError, UnsupportedAlgorithm) as exc:
+        raise ControlError(f"{path}: not a usable SuperNode public key ({exc})") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not uses_nist_ec_curve(key):
+        raise ControlError(f"{path}: not a usable SuperNode public key (an EC key on a NIST curve is needed)")
+    return public_key_to_bytes(key)

@@ -34,8 +34,7 @@ def test_internal_exists(module, attr):
 
 def test_control_client_calls():
     """server/deploy/control.py: the Control API client's methods and constructor, the request fields it sets,
-    the node status it filters on, and the CLI's key loader."""
-    from flwr.cli.supernode.register import try_load_public_key
+    the node status it filters on, and the key checks and encoding of the CLI's key loader."""
     from flwr.proto.control_pb2 import ListNodesResponse, ListRunsRequest, RegisterNodeRequest
     from flwr.supercore.control import ControlHttpClient
 
@@ -48,7 +47,8 @@ def test_control_client_calls():
     info = ListNodesResponse.DESCRIPTOR.fields_by_name["nodes_info"].message_type.fields_by_name
     assert {"node_id", "status"} <= set(info)
     assert '== "online"' in inspect.getsource(importlib.import_module("flwr.cli.supernode.ls"))
-    assert _params(try_load_public_key) == {"public_key_path"}
+    loader = inspect.getsource(importlib.import_module("flwr.cli.supernode.register").try_load_public_key)
+    assert all(name in loader for name in ("load_ssh_public_key", "uses_nist_ec_curve", "public_key_to_bytes"))
 
 
 def test_control_client_failure_is_a_control_error():
@@ -64,7 +64,7 @@ def test_control_client_failure_is_a_control_error():
                 client.run_status(1)
             with pytest.raises(control.ControlError, match="not a usable SuperNode public key"):
                 client.register_node(ROOT / "README.md")  # checked before any request
-            with pytest.raises(control.ControlError, match="no such SuperNode public key file"):
+            with pytest.raises(control.ControlError, match="not a usable SuperNode public key"):
                 client.register_node(ROOT / "no-such.pub")
         finally:
             client.close()
