@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from warm_cli import shared, wants_warm
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,10 @@ def compose(args: list[str]) -> dict[str, Any]:
 
 
 def run_cli(name: str, args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run a console script of this environment (output merged into stdout)."""
+    """Run a console script of this environment (output merged into stdout); an ``engine=batched`` reference
+    simulation runs in a fork of the warm process of tests/warm_cli.py, a deployment as a fresh process."""
+    if wants_warm(name, args):
+        return shared(ENV).run(name, args, ENV, cwd=ROOT, timeout=timeout, merge_output=True)
     return subprocess.run([str(BIN / name), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout, env=ENV, cwd=ROOT)
 

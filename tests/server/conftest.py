@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from datagen import make_image_folder, make_tarball
+from warm_cli import shared, wants_warm
 
 BIN = Path(sys.executable).parent
 
@@ -40,16 +41,22 @@ def sim_args(data, run_dir, *extra):
 
 
 def run_cli(name, args, timeout=300, **kwargs):
-    """Run a console script of this environment; returns the CompletedProcess (output merged)."""
+    """Run a console script of this environment; returns the CompletedProcess (stdout and stderr captured).
+    ``engine=batched`` simulations and the report/optimum/plot CLIs run in a fork of a warm process that has
+    imported torch, Flower and Hydra once (tests/warm_cli.py); the rest as a fresh process."""
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([str(BIN / name), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+    args = [str(a) for a in args]
+    if wants_warm(name, args):
+        cwd = kwargs.pop("cwd", None)
+        assert not kwargs, f"warm calls take cwd and timeout only: {sorted(kwargs)}"
+        return shared(env).run(name, args, env, cwd=cwd, timeout=timeout)
+    return subprocess.run([str(BIN / name), *args], capture_output=True, text=True, timeout=timeout,
                           env=env, **kwargs)
 
 
 def report(*args):
-    """flower-report through its module (works before the console script is installed)."""
-    return subprocess.run([sys.executable, "-m", "server.report.sweep", *map(str, args)], capture_output=True,
-                          text=True, timeout=120)
+    """flower-report (its console script's entry point)."""
+    return run_cli("flower-report", args, timeout=120)
 
 
 def full_and_resumed(data, tmp_path, extra, kill_round=2, full_extra=()):
