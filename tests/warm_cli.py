@@ -88,9 +88,8 @@ class WarmCLI:
             os.killpg(started["pid"], signal.SIGKILL)
             self._reply(60)
             raise subprocess.TimeoutExpired([name, *args], timeout or 0, out.read_text())
-        stdout = out.read_text()
-        stderr = "" if merge_output else err.read_text()
-        return subprocess.CompletedProcess([name, *args], done["rc"], stdout, stderr if not merge_output else None)
+        stderr = None if merge_output else err.read_text()
+        return subprocess.CompletedProcess([name, *args], done["rc"], out.read_text(), stderr)
 
     def close(self) -> None:
         if self.server.stdin is not None:
@@ -151,8 +150,9 @@ def _child(request: dict) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.argv = list(request["argv"])
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the handlers a fresh interpreter starts with
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     status = 1
     try:
         module, _, attr = request["entry"].partition(":")
