@@ -26,8 +26,9 @@ per client (``client.torch_threads=1``), as the simulation's actors do with ``ba
 Writes ``<out>/gpu_check.json`` and ``<out>/gpu_check.md`` and prints the Markdown; exits 1 if a check
 failed. ``--data`` falls back to generated CIFAR-like JPEGs (class colour + noise, so accuracy can move)
 when the path does not exist. ``--cpu-smoke`` runs the same pipeline on CPU (``backend.num_gpus=0``, device
-checks skipped): the test suite uses it, since no GPU is available there. Budget: ``--budget`` seconds
-(default 480); steps that no longer fit are reported as skipped.
+checks skipped; the batched engine in one process, ``engine.workers=1``, as it runs on a GPU): the test suite uses
+it, since no GPU is available there. No run writes PNGs (``plots=false``): the check reads the metrics only.
+Budget: ``--budget`` seconds (default 480); steps that no longer fit are reported as skipped.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def _check_preset(report: dict[str, Any], preset: str, data: Path, tmp: Path, ro
     device = plain.get("param_device", "skipped")
     _check(report, f"{preset} plain loop: parameters on CUDA", device.startswith("cuda") or cpu_smoke, device + smoke)
     for share in [*shares, "batched"]:
-        sim = _simulation(preset, share, data, tmp, rounds, deadline)
+        sim = _simulation(preset, share, data, tmp, rounds, deadline, cpu_smoke)
         if "s_per_round" in sim and "s_per_round" in plain:
             sim["overhead_vs_plain"] = sim["s_per_round"] / plain["s_per_round"]
         report["runs"].append(sim)
@@ -158,8 +159,8 @@ def _plain(preset: str, data: Path, cache: Path, rounds: int, deadline: float) -
             "accuracy_first": scores[0][1], "accuracy_last": scores[1][1]}
 
 
-def _simulation(preset: str, share: float | str, data: Path, tmp: Path, rounds: int, deadline: float
-                ) -> dict[str, Any]:
+def _simulation(preset: str, share: float | str, data: Path, tmp: Path, rounds: int, deadline: float,
+                cpu_smoke: bool = False) -> dict[str, Any]:
     """One flower-simulation run: the Ray engine with ``backend.num_gpus=share``, or ``share="batched"``."""
     left = deadline - time.time()
     batched = share == "batched"
@@ -169,10 +170,11 @@ def _simulation(preset: str, share: float | str, data: Path, tmp: Path, rounds: 
         result["skipped"] = "budget exhausted"
         return result
     run_dir = tmp / f"{preset}-{share}"
-    engine = ["engine=batched"] if batched else [f"backend.num_gpus={share}", "client.torch_threads=1"]
+    engine = ["engine=batched", *(["engine.workers=1"] if cpu_smoke else [])] if batched else [
+        f"backend.num_gpus={share}", "client.torch_threads=1"]
     cmd = [str(Path(sys.executable).parent / "flower-simulation"), f"+experiment={preset}", f"data.root={data}",
            f"data.cache_dir={tmp / 'cache'}", f"num_rounds={rounds}", f"eval_every={rounds}",
-           f"checkpoint_every={rounds}", f"data.alpha={ALPHA}", *engine, f"hydra.run.dir={run_dir}"]
+           f"checkpoint_every={rounds}", f"data.alpha={ALPHA}", "plots=false", *engine, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "RAY_ADDRESS": "local", "FLWR_TELEMETRY_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
     t0 = time.time()
     try:

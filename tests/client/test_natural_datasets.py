@@ -10,7 +10,7 @@ from natural_datagen import MAKERS, make_cifar100, make_femnist, make_shakespear
 
 from client.datacheck import DataSourceError
 from client.datasets import TASK_MODELS, load_task
-from client.datasets.cifar100 import pachinko_split
+from client.datasets.pachinko import pachinko_split
 from client.models import build_model, num_parameters
 from client.task_models import resnet18_gn
 from client.tasks import MODEL_OUTPUTS
@@ -170,3 +170,25 @@ def test_partition_with_no_examples_is_one_line_before_encoding(tmp_path, monkey
     assert message.startswith("'data.root': femnist: partition ") and "has no examples" in message
     assert "\n" not in message
     assert not list((tmp_path / "cache").rglob("*.npy*"))  # nothing encoded
+
+
+@pytest.mark.parametrize("name", sorted(MAKERS))
+def test_reading_a_built_cache_imports_no_hub_libraries(name, tmp_path):
+    """Only building a task's cache needs flwr_datasets / Hugging Face datasets (~3 s of imports): a ClientApp (a
+    Ray actor, a deployment's fork) that reads the cache, and the validation of a run, do not import them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = write(MAKERS[name](), tmp_path / "copy")
+    load_task(name, str(root), str(tmp_path / "cache"))  # builds the cache in this process
+    code = ("import sys\nfrom client.datasets import load_task, check_task\n"
+            f"data = load_task({name!r}, {str(root)!r}, {str(tmp_path / 'cache')!r})\n"
+            f"check_task({name!r}, {str(root)!r}, {str(tmp_path / 'cache')!r})\n"
+            "data.client(0)\n"
+            "print([m for m in ('flwr_datasets', 'datasets', 'pyarrow') if m in sys.modules])\n")
+    top = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env={"PYTHONPATH": str(top), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
