@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import sim_args
-from raytools import BIN, RayNodes, private_ray_tmp, ray_env, wait_gone
+from conftest import IN_PROCESS, run_cli, sim_args
+from raytools import BIN, RayNodes, private_ray_tmp, ray_env
 
 from server.report.metrics import read_metrics
 
@@ -72,15 +72,10 @@ def test_clients_run_on_both_nodes_and_the_model_equals_a_single_node_run(cluste
     nodes_that_trained = {group for group, ran in seen.values() if ran}
     assert nodes_that_trained == set(cluster.groups), f"ClientApp actors seen: {seen}"
 
-    local_tmp = private_ray_tmp()
-    try:
-        single = subprocess.run([str(BIN / "flower-simulation"),
-                                 *sim_args(tiny_data, tmp_path / "single", *extra, "backend.init_num_cpus=2")],
-                                capture_output=True, text=True, timeout=400, env=ray_env(local_tmp))
-        assert single.returncode == 0, single.stderr[-3000:]
-        assert not wait_gone(str(local_tmp))
-    finally:
-        subprocess.run(["rm", "-rf", str(local_tmp)], check=False)
+    # the single-node reference on the batched engine, bitwise the Ray engine for the CNN
+    # (tests/server/test_batched_engine.py): one Ray start less
+    single = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "single", *extra, *IN_PROCESS), timeout=400)
+    assert single.returncode == 0, single.stderr[-3000:]
     a, b = np.load(tmp_path / "cluster" / "final_model.npz"), np.load(tmp_path / "single" / "final_model.npz")
     assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
 
