@@ -22,7 +22,8 @@ def test_seed001_preset_runs(task, metric, tmp_path):
     root = write(MAKERS[task](num_clients=4), tmp_path / "copy")
     run_dir = tmp_path / "run"
     args = [f"+experiment=seed001_{task}", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "num_rounds=2",
-            "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1", "eval_every=1", "plots=false"]
+            "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1", "eval_every=1",
+            "plots=false"]
     proc = run_cli("flower-simulation", [*args, f"hydra.run.dir={run_dir}"], timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
