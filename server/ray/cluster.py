@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from client.tasks import NATURAL_DATASETS
 from server.run.config import ConfigError
 
 PROBE_TIMEOUT = 5.0  # seconds for the head's GCS port to accept a TCP connection
@@ -140,7 +141,12 @@ def node_report(name: str, root: str, cache_dir: str | None) -> tuple[str, str]:
     except datacheck.DataSourceError as err:
         return "data.cache_dir", str(err)
     try:
-        datacheck.check_source(name, root, cache_dir, download=False)
+        if name in NATURAL_DATASETS:  # seed 001's tasks: the cache the actors read (built here if missing)
+            from client import datasets
+
+            datasets.check_task(name, root, cache_dir, download=False)
+        else:
+            datacheck.check_source(name, root, cache_dir, download=False)
     except datacheck.DataSourceError as err:
         return "data.root", str(err)
     return "", ""

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import IN_PROCESS, run_cli, sim_args
+from natural_datagen import MAKERS, write
 from raytools import BIN, RayNodes, private_ray_tmp, ray_env
 
 from server.report.metrics import read_metrics
@@ -50,20 +51,26 @@ def _client_actors(ray_tmp: Path) -> dict[int, tuple[int, bool]]:
     return found
 
 
+def _watch_actors(proc: subprocess.Popen, ray_tmp: Path) -> dict[int, tuple[int, bool]]:
+    """Every ClientApp actor seen while ``proc`` runs (killed after 400 s): {pid: (process group, ran the app)}."""
+    seen: dict[int, tuple[int, bool]] = {}
+    deadline = time.time() + 400
+    while proc.poll() is None and time.time() < deadline:
+        for pid, (group, ran) in _client_actors(ray_tmp).items():
+            seen[pid] = (group, ran or seen.get(pid, (group, False))[1])
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    return seen
+
+
 def test_clients_run_on_both_nodes_and_the_model_equals_a_single_node_run(cluster, tiny_data, tmp_path):
     extra = ("num_rounds=2", "client.torch_threads=1")
     proc = subprocess.Popen([str(BIN / "flower-simulation"),
                              *sim_args(tiny_data, tmp_path / "cluster", *extra, "backend.address=auto")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=ray_env(cluster.ray_tmp))
-    seen: dict[int, tuple[int, bool]] = {}
-    deadline = time.time() + 400
-    while proc.poll() is None and time.time() < deadline:
-        for pid, (group, ran) in _client_actors(cluster.ray_tmp).items():
-            seen[pid] = (group, ran or seen.get(pid, (group, False))[1])
-        time.sleep(0.2)
-    if proc.poll() is None:
-        proc.kill()
+    seen = _watch_actors(proc, cluster.ray_tmp)
     output = proc.communicate()[0]
     assert proc.returncode == 0, output[-4000:]
     port = cluster.address.rsplit(":", 1)[1]  # `ray start` records the node's IP, whatever we bound it to
@@ -78,6 +85,25 @@ def test_clients_run_on_both_nodes_and_the_model_equals_a_single_node_run(cluste
     assert single.returncode == 0, single.stderr[-3000:]
     a, b = np.load(tmp_path / "cluster" / "final_model.npz"), np.load(tmp_path / "single" / "final_model.npz")
     assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def test_a_natural_task_runs_on_both_nodes(cluster, tmp_path):
+    """Seed 001's femnist preset (generated copy in the hub schema) on the two-node cluster: the driver builds the
+    task's cache, the ClientApp actors of both nodes read it and train (issue 20: every engine)."""
+    root = write(MAKERS["femnist"](num_clients=4), tmp_path / "copy")
+    run_dir = tmp_path / "run"
+    args = ["+experiment=seed001_femnist", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}",
+            "num_rounds=2", "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1",
+            "plots=false", "backend.address=auto", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen([str(BIN / "flower-simulation"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ray_env(cluster.ray_tmp))
+    seen = _watch_actors(proc, cluster.ray_tmp)
+    output = proc.communicate()[0]
+    assert proc.returncode == 0, output[-4000:]
+    assert re.search(r"Ray cluster at [\d.]+:\d+: 2 nodes, 2 CPUs, 0 GPUs, 2 ClientApp actors", output), output
+    rows = read_metrics(run_dir)
+    assert [r["round"] for r in rows] == [0, 1, 2] and all(r["num_replies"] == 2 for r in rows[1:])
+    assert {group for group, ran in seen.values() if ran} == set(cluster.groups), f"ClientApp actors seen: {seen}"
 
 
 def test_a_node_that_cannot_load_the_data_stops_the_run_before_it_starts(cluster, tiny_data, tmp_path):
