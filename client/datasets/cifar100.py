@@ -54,5 +54,5 @@ SPEC = TaskSpec(
     name="cifar100", hub_name="flwrlabs/cifar100", partition_by="fine_label",
     columns={"img": "32x32 RGB image", "fine_label": "label in [0, 100)", "coarse_label": "label in [0, 20)"},
     arrays=_arrays, encode=_encode, examples=_examples, prepare=lambda dataset: {"num_outputs": NUM_CLASSES},
-    partitioner=lambda seed: _partitioner(seed),
+    partitioner=_partitioner,
 )

@@ -116,3 +116,14 @@ def test_a_node_that_cannot_load_the_data_stops_the_run_before_it_starts(cluster
     [line] = proc.stderr.strip().splitlines()
     assert "'data.cache_dir' on node " in line and "/proc/version/cache" in line
     assert not (tmp_path / "bad" / "metrics.csv").exists()
+
+
+def test_the_node_check_of_a_natural_task_names_a_missing_copy(tmp_path):
+    """What each node runs (no Ray needed): a natural task whose local copy is not on the node is refused with
+    the key and the reason, before any actor starts."""
+    from server.ray.cluster import node_report
+
+    key, reason = node_report("femnist", str(tmp_path / "missing"), str(tmp_path / "cache"))
+    assert key == "data.root" and "femnist" in reason and "\n" not in reason, reason
+    root = write(MAKERS["femnist"](num_clients=2), tmp_path / "copy")
+    assert node_report("femnist", str(root), str(tmp_path / "cache")) == ("", "")
