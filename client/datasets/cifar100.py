@@ -36,7 +36,7 @@ def _partitioner(seed: int) -> Any:
     return PachinkoPartitioner(seed=seed)  # 500 clients of 100 images
 
 
-def _arrays(meta: Mapping[str, Any], n: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+def _arrays(meta: Mapping[str, Any], n: int, dataset: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
     return {"x": ((n, 32, 32, 3), np.uint8), "y": ((n,), np.int16)}
 
 

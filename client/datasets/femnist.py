@@ -18,7 +18,7 @@ NUM_CLASSES = 62
 SIZE = 28
 
 
-def _arrays(meta: Mapping[str, Any], n: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+def _arrays(meta: Mapping[str, Any], n: int, dataset: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
     return {"x": ((n, SIZE, SIZE, 1), np.uint8), "y": ((n,), np.int16)}
 
 

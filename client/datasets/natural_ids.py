@@ -49,3 +49,9 @@ class ArrowNaturalIdPartitioner(NaturalIdPartitioner):
         if not self._partition_id_to_indices:
             self.load_partition(0)  # builds the id maps and the index table
         return np.asarray([len(self._partition_id_to_indices[p]) for p in range(self.num_partitions)])
+
+    def partition_indices(self, partition_id: int) -> np.ndarray:
+        """The rows of partition ``partition_id``, ascending: what ``load_partition`` selects, without the view."""
+        if not self._partition_id_to_indices:
+            self.load_partition(0)
+        return self._partition_id_to_indices[partition_id]

@@ -32,7 +32,7 @@ def char_ids(text: str) -> np.ndarray:
     return np.where(codes < 256, _TABLE[np.minimum(codes, 255)], OOV).astype(np.uint8)
 
 
-def _arrays(meta: Mapping[str, Any], n: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+def _arrays(meta: Mapping[str, Any], n: int, dataset: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
     return {"x": ((n, SEQ_LEN), np.uint8), "y": ((n,), np.uint8)}
 
 
