@@ -69,7 +69,9 @@ class PartitionClientManager:
         self.rules = ClaimRules(schedule.num_clients, owners)
         self.poll_interval = poll_interval
         self.node_to_partition: dict[int, int] = {}
-        self.owner: dict[int, int] = {}  # partition -> node that served it last (first, with bind_partitions)
+        # partition -> node that served it last (first, with bind_partitions); a node in node_to_partition is its
+        # partition's owner (every mapping goes through _assign), so a partition has at most one node
+        self.owner: dict[int, int] = {}
         self.idle_claims: dict[int, int | None] = {}  # node -> partition (None: invalid) it claimed, refused/displaced
         self.pending: dict[str, tuple[int, float]] = {}  # query message id -> (node, monotonic time sent)
         self.silent: dict[int, str] = {}  # node -> why it is not waited for
@@ -222,7 +224,8 @@ class PartitionClientManager:
                 previous, node_id, "its key owns it" if self.rules.owners is not None else
                 f"node {previous} left or went silent; without SuperNode authentication the next claimant takes it")
         self.owner[partition_id] = node_id
-        self.node_to_partition = {n: p for n, p in self.node_to_partition.items() if p != partition_id}
+        if previous is not None and previous != node_id and self.node_to_partition.get(previous) == partition_id:
+            del self.node_to_partition[previous]  # only a partition's owner can hold it: O(1), not O(nodes)
         self.node_to_partition[node_id] = partition_id
         log(INFO, "Round %d: node %s serves partition %d", self._round, node_id, partition_id)
 
