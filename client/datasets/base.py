@@ -254,8 +254,9 @@ def encode_split(spec: TaskSpec, dataset: Any, n: int, meta: Mapping[str, Any], 
     for rows in _row_batches(spec, dataset, partitioner):
         _write(out, pos, spec.encode(rows, meta))
     for k, array in out.items():
-        if pos[k] != (len(array) - 1 if k.endswith("_ptr") else len(array)):
-            raise RuntimeError(f"{spec.name}: encoded {pos[k]} rows of {split}_{k}, expected {len(array)}")
+        expected = len(array) - 1 if k.endswith("_ptr") else len(array)
+        if pos[k] != expected:
+            raise RuntimeError(f"{spec.name}: encoded {pos[k]} entries of {split}_{k}, expected {expected}")
         array.flush()
         del array
         os.replace(entry / f".{split}_{k}.npy.tmp", entry / f"{split}_{k}.npy")
