@@ -139,7 +139,7 @@ def open_source(spec: TaskSpec, root: str | None, download: bool) -> dict[str, A
                 files = _parquet_files(path)
                 if "train" not in files:
                     raise DataSourceError(f"{path} holds no saved Hugging Face dataset and no train parquet files")
-                splits = {s: datasets.Dataset.from_parquet(f) for s, f in files.items()}
+                splits = {s: _from_parquet(f) for s, f in files.items()}
         except DataSourceError:
             raise
         except Exception as err:  # arrow / parquet / json decoding errors: one line
@@ -151,6 +151,36 @@ def open_source(spec: TaskSpec, root: str | None, download: bool) -> dict[str, A
     for split, dataset in splits.items():
         check_columns(spec, dataset, f"{root or spec.hub_name} [{split}]")
     return {s: d for s, d in splits.items() if s in SPLITS}
+
+
+def _from_parquet(files: list[str]) -> Any:
+    """One split's parquet files as a memory-mapped Hugging Face Dataset: written into an Arrow file under
+    ``HF_DATASETS_CACHE`` one record batch at a time (reused while the files are unchanged), read without
+    pyarrow's pre-buffering. ``Dataset.from_parquet`` did the same conversion holding 1.5x the arrays in memory at
+    Stack Overflow's full size (docs/benchmarks.md)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(files[0])
+    stamp = "|".join(f"{f}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in files)
+    path = Path(datasets.config.HF_DATASETS_CACHE) / "fedmomentum-parquet" / \
+        f"{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.arrow"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+                for f in files:
+                    parquet = pq.ParquetFile(f, pre_buffer=False)  # pre_buffer keeps every row group read
+                    if not parquet.schema_arrow.equals(schema):
+                        raise DataSourceError(f"{f} has another schema than {files[0]}")
+                    for batch in parquet.iter_batches(batch_size=16_384):
+                        writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return datasets.Dataset.from_file(str(path))
 
 
 def _download(spec: TaskSpec, download: bool) -> dict[str, Any]:

@@ -113,3 +113,21 @@ def test_a_column_that_is_not_strings_is_one_line(column, value, tmp_path):
     copy = write(datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}), tmp_path / "copy")
     with pytest.raises(DataSourceError, match=f"^column '{column}' must hold strings$"):
         load_task("stackoverflow_tp", str(copy), str(tmp_path / "cache"))
+
+
+def test_a_split_of_several_parquet_files_is_read_in_file_order_and_needs_one_schema(tmp_path):
+    """Parquet copies are streamed into one Arrow file per split (client/datasets/base.py ``_from_parquet``): the
+    files of a split are concatenated in name order; a file with another schema is a one-line error."""
+    first, second = _rows(30, 4), _rows(25, 5)
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    datasets.Dataset.from_dict(first).to_parquet(str(folder / "train-0.parquet"))
+    datasets.Dataset.from_dict(second).to_parquet(str(folder / "train-1.parquet"))
+    data = load_task("stackoverflow_nwp", str(folder), str(tmp_path / "cache"))
+    assert data.meta["num_rows"]["train"] == 55
+    both = {k: first[k] + second[k] for k in first}
+    meta, arrays = _reference(both, _rows(1, 6), "stackoverflow_nwp")
+    assert data.meta["vocab"] == meta["vocab"] and np.array_equal(data.arrays["train"]["ids"], arrays["train"]["ids"])
+    datasets.Dataset.from_dict({**second, "score": list(range(25))}).to_parquet(str(folder / "train-2.parquet"))
+    with pytest.raises(DataSourceError, match=r"train-2.parquet has another schema than .*train-0.parquet$"):
+        load_task("stackoverflow_nwp", str(folder), str(tmp_path / "cache2"))
