@@ -5,7 +5,8 @@ For each task this writes (once; reused while its size is unchanged) a local cop
 measures, each in a fresh subprocess running the project's own loading path (``client.datasets.load_task``, what
 ``flower-simulation`` runs while validating its config):
 
-- first load: ``datasets.Dataset.from_parquet`` (its Arrow conversion into ``HF_DATASETS_CACHE``, emptied first),
+- first load: the parquet -> Arrow conversion (``client.datasets.base._from_parquet``, into
+  ``HF_DATASETS_CACHE``, emptied first),
   partitioning with the task's flwr-datasets partitioner and encoding into the memory-mapped cache (emptied
   first): wall seconds, peak RSS (``VmHWM``: counts the file pages the process maps, Arrow input and ``.npy``
   output) and peak anonymous memory (``RssAnon`` sampled every 20 ms: the process's own copies), both against
