@@ -1,7 +1,8 @@
 """Text columns of Arrow batches, vectorised with ``pyarrow.compute``: split into pieces, count, look up.
 
 The Stack Overflow tasks' encoders (:mod:`client.datasets.stackoverflow`) are built on these; a Python loop over
-the full copy's 135.8M sentences took hours (docs/benchmarks.md). Imported only while a cache entry is built.
+the full copy's 135.8M sentences would take 1–2 h (extrapolated; docs/benchmarks.md).
+Imported only while a cache entry is built.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ rows become arrays. Its data come from, in order:
 
 - ``root`` (``data.root``): a local copy in the hub schema — a folder saved by ``Dataset.save_to_disk`` /
   ``DatasetDict.save_to_disk``, or parquet files (one ``.parquet`` file, or a folder of them; a file or folder
-  whose name starts with ``test`` is the test split, the rest is ``train``);
+  whose name starts with ``test`` is the test split, the rest is ``train``; they are streamed into one
+  memory-mapped Arrow file per split under ``HF_DATASETS_CACHE``, a record batch at a time);
 - otherwise, with ``download`` true, the hub copy through ``flwr_datasets.FederatedDataset`` (``datasets``
   caches the download in ``$HF_HOME``); a failed download is a :class:`DataSourceError` naming the dataset.
 
