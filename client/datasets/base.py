@@ -106,10 +106,15 @@ def source_key(spec: TaskSpec, root: str | None, seed: int) -> str:
     if root:
         path = Path(root)
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        parts += [f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
+        parts += _stamps(files)
     else:
         parts.append(f"hub:{spec.hub_name}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _stamps(files: list[Path] | list[str]) -> list[str]:
+    """'path:size:mtime' of each file: what makes a cache built from them stale."""
+    return [f"{f}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in files]
 
 
 def _parquet_files(path: Path) -> dict[str, list[str]]:
@@ -164,7 +169,7 @@ def _from_parquet(files: list[str]) -> Any:
     import pyarrow.parquet as pq
 
     schema = pq.read_schema(files[0])
-    stamp = "|".join(f"{f}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in files)
+    stamp = "|".join(_stamps(files))
     path = Path(datasets.config.HF_DATASETS_CACHE) / "fedmomentum-parquet" / \
         f"{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.arrow"
     if not path.exists():

@@ -131,3 +131,12 @@ def test_a_split_of_several_parquet_files_is_read_in_file_order_and_needs_one_sc
     datasets.Dataset.from_dict({**second, "score": list(range(25))}).to_parquet(str(folder / "train-2.parquet"))
     with pytest.raises(DataSourceError, match=r"train-2.parquet has another schema than .*train-0.parquet$"):
         load_task("stackoverflow_nwp", str(folder), str(tmp_path / "cache2"))
+
+
+def test_a_file_that_is_not_parquet_is_one_line(tmp_path):
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    (folder / "train.parquet").write_bytes(b"not a parquet file at all" * 10)
+    with pytest.raises(DataSourceError, match=r"^cannot read .*copy: ") as err:
+        load_task("stackoverflow_tp", str(folder), str(tmp_path / "cache"))
+    assert "\n" not in str(err.value)
