@@ -114,6 +114,11 @@ def _client_view(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return t.view(-1, *([1] * (rows.dim() - 1)))
 
 
+def _take(t: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """``t[rows]``, or ``t`` itself when ``rows`` is None (every client of the chunk)."""
+    return t if rows is None else t[rows]
+
+
 class _Chunk:
     """The stacked state of one chunk during its round."""
 
@@ -143,11 +148,17 @@ class _Chunk:
         else:
             self.steps = [num_local_steps(n, self.cfg.batch_size, self.cfg.local_epochs, self.cfg.local_steps)
                           for n in self.n]
+        self.steps_t = torch.tensor([float(s) for s in self.steps], device=device)  # J per client, as a tensor
+        if algorithm == "localupdate":  # Theta_k per client and step (0 past a client's last step)
+            self.theta_t = torch.tensor([[float(w[k]) if k < len(w) else 0.0 for k in range(max(self.steps))]
+                                         for w in self.weights], device=device)
         self.y = [torch.from_numpy(np.asarray(c.y, dtype=np.int64)).to(device) for c in clients]
         self.mean, self.std = mean, std
         self.images = [_images(c, mean, std, device, normalised=not self.cfg.augment) for c in clients]
         self.plain = self.images if not self.cfg.augment else \
             [_images(c, mean, std, device, normalised=True) for c in clients]  # loss-before: no augmentation
+        self._xs: torch.Tensor | None = None  # the steps' input buffers (:meth:`_buffers`)
+        self._ys: torch.Tensor | None = None
 
     def batch(self, i: int, rows: np.ndarray, augment: bool) -> torch.Tensor:
         """Model input of client ``i``'s ``rows``: ``prepare_batch`` (augmented with its generator when asked)."""
@@ -195,12 +206,19 @@ class _Chunk:
         return [s / len(p) for s, p in zip(sums, picks)]
 
     # ------------------------------------------------------------------ steps
+    def _buffers(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, width, ...) input and (rows, width) label tensors for a step: views of two buffers of the whole
+        chunk, allocated again only when the width changes (a smaller last batch)."""
+        if self._xs is None or self._xs.shape[1] != width:
+            shape = (len(self.clients), width)
+            self._xs = torch.empty((*shape, *self.plain[0].shape[1:]), dtype=self.plain[0].dtype, device=self.device)
+            self._ys = torch.empty(shape, dtype=torch.long, device=self.device)
+        return self._xs[:rows], self._ys[:rows]
+
     def step(self, active: list[int], batches: list[np.ndarray], step_index: int) -> torch.Tensor:
         """One local step of the ``active`` clients on their index ``batches``; returns their batch losses."""
         width = max(len(b) for b in batches)
-        shape = self.plain[active[0]].shape[1:]
-        xs = torch.empty((len(active), width, *shape), dtype=self.plain[active[0]].dtype, device=self.device)
-        ys = torch.empty((len(active), width), dtype=torch.long, device=self.device)
+        xs, ys = self._buffers(len(active), width)
         masks = torch.arange(width, device=self.device)[None, :] < torch.tensor([[len(b)] for b in batches],
                                                                                   device=self.device)
         for j, (i, b) in enumerate(zip(active, batches)):  # a smaller batch is padded with copies of its first row
@@ -213,12 +231,12 @@ class _Chunk:
             else:
                 torch.index_select(self.plain[i], 0, padded, out=xs[j])
             torch.index_select(self.y[i], 0, padded, out=ys[j])
-        rows = torch.tensor(active, device=self.device)
-        params = {k: v[rows] for k, v in self.params.items()}
+        rows = None if len(active) == len(self.clients) else torch.tensor(active, device=self.device)
+        params = {k: _take(v, rows) for k, v in self.params.items()}  # every client active: no copy
         grads, losses = self._grads(params, xs, ys, masks)
         finite = torch.isfinite(losses)
         with torch.no_grad():
-            self._update(rows, params, grads, finite, step_index)
+            self._update(rows, params, grads, None if bool(finite.all()) else finite, step_index)
         return losses
 
     def _grads(self, params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tensor, masks: torch.Tensor
@@ -226,33 +244,46 @@ class _Chunk:
         """Each active client's gradient of its masked mean loss, and that loss: vmap of autograd."""
         return vmap(grad_and_value(self._loss))(params, xs, ys, masks)
 
-    def _update(self, rows: torch.Tensor, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
-                finite: torch.Tensor, k: int) -> None:
+    def _update(self, rows: torch.Tensor | None, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+                finite: torch.Tensor | None, k: int) -> None:
+        """Step the clients of ``rows`` (None: all) from ``params``; a client whose loss is not ``finite`` (None:
+        every loss is) keeps its parameters (and its q)."""
         cfg = self.cfg
-        steps = torch.tensor([float(self.steps[i]) for i in rows.tolist()], device=self.device)
+        steps = _take(self.steps_t, rows)
         for name in self.names:
             p, g = params[name], grads[name]
             if cfg.weight_decay:
                 g = g + cfg.weight_decay * p
             local_steps = _client_view(steps, p)
             if cfg.algorithm == "fedcm":
-                corr = self.correction[name][rows] if self.correction is not None else 0.0
+                corr = _take(self.correction[name], rows) if self.correction is not None else 0.0
                 new = fedcm_local_step(p, g, cfg.client_lr, cfg.momentum, corr, local_steps)
             elif cfg.algorithm in GHBM_FAMILY:
                 if self.extra is None:
                     term = 0.0
                 elif cfg.algorithm == "fedhbm":
-                    term = fedhbm_momentum(self.extra[name][rows], p, cfg.participation)
+                    term = fedhbm_momentum(_take(self.extra[name], rows), p, cfg.participation)
                 else:
-                    term = self.extra[name][rows]
+                    term = _take(self.extra[name], rows)
                 new = ghbm_local_step(p, g, cfg.client_lr, cfg.momentum, term, local_steps)
             else:
                 if cfg.algorithm == "localupdate":
-                    weight = torch.tensor([float(self.weights[i][k]) for i in rows.tolist()], device=self.device)
-                    q = localupdate_accumulate(self.q[name][rows], g, _client_view(weight, p).to(g.dtype))
-                    self.q[name][rows] = torch.where(_client_view(finite, p), q, self.q[name][rows])
+                    weight = _take(self.theta_t[:, k], rows)
+                    q = localupdate_accumulate(_take(self.q[name], rows), g, _client_view(weight, p).to(g.dtype))
+                    self._put(self.q, name, rows, q, finite)
                 new = sgd_step(p, g, cfg.client_lr) if cfg.client_lr else p
-            self.params[name][rows] = torch.where(_client_view(finite, p), new, p)
+            self._put(self.params, name, rows, new, finite)
+
+    @staticmethod
+    def _put(stacked: dict[str, torch.Tensor], name: str, rows: torch.Tensor | None, new: torch.Tensor,
+             finite: torch.Tensor | None) -> None:
+        """``stacked[name][rows] = new`` for the clients whose loss is finite (None: all of them)."""
+        if finite is not None:
+            new = torch.where(_client_view(finite, new), new, _take(stacked[name], rows))
+        if rows is None:
+            stacked[name] = new  # a fresh tensor of every client: no copy
+        else:
+            stacked[name][rows] = new
 
     def outputs(self, i: int) -> dict[str, torch.Tensor]:
         """Client ``i``'s reply arrays in state_dict order, on CPU: its model, or q for LocalUpdate."""
