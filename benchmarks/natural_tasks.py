@@ -57,6 +57,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 TASKS = ("femnist", "shakespeare", "cifar100", "stackoverflow_nwp", "stackoverflow_tp")
 ENGINES = ("batched", "ray")
 MEASURES = ("load", "rounds")
+LOAD_MODES = ("first", "encode", "hit")  # measure_load's modes, in the order they run
 # copy name, train rows, clients of the real data (see the module docstring for the sources)
 REAL = {"femnist": ("femnist", 814_277, 3_597), "shakespeare": ("shakespeare", 4_226_158, 1_129),
         "cifar100": ("cifar100", 50_000, 500), "stackoverflow": ("stackoverflow", 135_818_730, 342_477)}
@@ -81,17 +82,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--so-fraction", type=float, default=0.01, help="Stack Overflow's fraction of users and rows")
     p.add_argument("--engines", default="batched", help=f"comma-separated, of {','.join(ENGINES)}")
     p.add_argument("--measure", default=",".join(MEASURES), help=f"comma-separated, of {','.join(MEASURES)}")
+    p.add_argument("--load-modes", default=",".join(LOAD_MODES),
+                   help=f"the loads of --measure load, comma-separated, of {','.join(LOAD_MODES)} (a full-size "
+                        "Stack Overflow first load takes 10-25 min on 2 cores)")
     p.add_argument("--child-load", nargs=3, metavar=("TASK", "ROOT", "CACHE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_load:
         return args
     if not args.out:
         p.error("the following arguments are required: --out")
-    for key, allowed in (("tasks", TASKS), ("engines", ENGINES), ("measure", MEASURES)):
+    for key, allowed in (("tasks", TASKS), ("engines", ENGINES), ("measure", MEASURES), ("load_modes", LOAD_MODES)):
         values = [v for v in getattr(args, key).split(",") if v]
         bad = [v for v in values if v not in allowed]
         if bad or not values:
-            p.error(f"--{key}: {bad[0] if bad else 'nothing'!r} is not one of {','.join(allowed)}")
+            p.error(f"--{key.replace('_', '-')}: {bad[0] if bad else 'nothing'!r} is not one of {','.join(allowed)}")
         setattr(args, key, values)
     if args.rounds < 2:
         p.error(f"--rounds must be >= 2 (round 1 carries start-up), got {args.rounds}")
@@ -295,10 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{task}: copy {root} ({mib(r['copy_bytes'])} MiB{f', written in {wrote:.0f} s' if wrote else ''})",
               flush=True)
         if "load" in args.measure:
-            r["first"] = measure_load(task, root, args.out, "first")
-            r["encode"] = measure_load(task, root, args.out, "encode")
-            r["hit"] = measure_load(task, root, args.out, "hit")
-            print(f"  first load {r['first']['seconds']:.1f} s, cache hit {r['hit']['seconds']:.2f} s", flush=True)
+            for mode in [m for m in LOAD_MODES if m in args.load_modes]:
+                r[mode] = measure_load(task, root, args.out, mode)
+                print(f"  {mode} load {r[mode]['seconds']:.2f} s", flush=True)
         if "rounds" in args.measure:
             for engine in args.engines:
                 r[engine] = round_seconds(task, engine, root, args.out, args.rounds)
