@@ -48,6 +48,7 @@ def test_cifar100_copy_splits_into_whole_clients(tmp_path):
                                          (["--rounds", "1"], "--rounds must be >= 2"),
                                          (["--scale", "0"], "--scale must be in (0, 1]"),
                                          (["--engines", "deploy"], "--engines: 'deploy'"),
+                                         (["--load-modes", "first,cold"], "--load-modes: 'cold' is not one of"),
                                          (["--bogus"], "unrecognized arguments: --bogus")])
 def test_benchmark_bad_options_are_one_line(args, words, tmp_path):
     out = tmp_path / "out"
