@@ -26,7 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from server.report.metrics import MetricsWriter, plot_run
 from server.run import build, checkpoint
 from server.run import config as config_lib
-from server.run.progress import ProgressGrid
+from server.run.progress import ProgressGrid, format_duration
 from strategies import protocol
 from strategies.client_manager import NoNodesError
 
@@ -146,7 +146,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         row["seconds"] = time.time() - t0
         row["elapsed"] = time.time() - t_run
         writer.append(row)
-        _log_progress(rnd, num_rounds, row)
+        _log_progress(rnd, num_rounds, row, eta=row["elapsed"] / (rnd - start) * (num_rounds - rnd))
         if diverged:
             write_status(run_dir, "diverged", rnd, diverged)
             if cfg["plots"]:
@@ -196,16 +196,18 @@ def _divergence(strategy: Any) -> str:
     return ""
 
 
-def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any]) -> None:
+def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any], eta: float = 0.0) -> None:
+    """The round's line; ``eta``: seconds left at the mean pace of the rounds this process ran (with evaluations)."""
     def fmt(key: str, spec: str = ".4f") -> str:
         value = row.get(key)
         return "-" if value is None else format(value, spec)
 
     log(INFO, "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
-        "rejected %d failures %d skipped %d refused %d reassigned %d silent %d %.1fs%s", rnd, num_rounds,
+        "rejected %d failures %d skipped %d refused %d reassigned %d silent %d %.1fs%s%s", rnd, num_rounds,
         fmt("accuracy"), fmt("loss"), fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"),
         row["num_replies"], row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"],
-        row["num_refused"], row["num_reassigned"], row["num_silent"], row["seconds"], _pop_text(row))
+        row["num_refused"], row["num_reassigned"], row["num_silent"], row["seconds"], _pop_text(row),
+        f", run ETA {format_duration(eta)}" if rnd < num_rounds else "")
 
 
 def make_server_app(cfg: dict[str, Any], result: dict[str, Any]) -> ServerApp:

@@ -6,6 +6,7 @@ Ray's own start-up, signals, resume with node-local state and cluster: test_ray_
 test_ray_cluster.py). The bad-config tests keep the default engine (Ray): they check that it never starts."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -49,7 +50,9 @@ def test_every_strategy_runs_two_rounds(multirun, strategy):
     assert cfg["participation"]["mode"] == mode
     for name in ("accuracy.png", "loss.png", "partition.png", "partition.csv", "final_model.npz", "run.log"):
         assert (run_dir / name).stat().st_size > 0
-    assert "[round 2/2] accuracy" in (run_dir / "run.log").read_text()
+    log = (run_dir / "run.log").read_text()
+    first, last = (next(line for line in log.splitlines() if f"[round {r}/2] accuracy" in line) for r in (1, 2))
+    assert re.search(r", run ETA \d+ s$", first) and "ETA" not in last, (first, last)  # the last round has none
 
 
 def test_cyclic_runs_alternate_groups(multirun):
