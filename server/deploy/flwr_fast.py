@@ -1,4 +1,4 @@
-"""Faster deployed rounds on Flower 1.39: the ONE module of this project that relies on Flower internals.
+"""Faster deployed rounds on Flower 1.39: the one module of the deployment that relies on Flower internals.
 
 A stock Flower 1.39 deployment loses seconds per round in fixed waits (read in the installed source):
 

@@ -74,9 +74,11 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from client.app import app as client_app
     from server.ray import gil as ray_gil
+    from server.ray import linkstate as ray_linkstate
     from server.run.app import make_server_app
 
     ray_gil.install()  # a signal during ray.init must not leave the GIL held for 30 s (server/ray/gil.py)
+    ray_linkstate.install()  # a node's messages found without scanning every node's (server/ray/linkstate.py)
 
     result: dict[str, Any] = {}
     run_simulation(
