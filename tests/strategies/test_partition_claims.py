@@ -292,3 +292,46 @@ def test_a_partition_never_has_two_nodes_whatever_the_order_of_claims_and_depart
         most = max(most, len(held))
     changes = sum(map(len, (m.refused if mode == "bind_partitions" else m.reassigned).values()))
     assert most >= 6 and changes > 10  # the sequence did exercise conflicts
+
+
+class CountingGrid(ScriptedGrid):
+    """A ScriptedGrid that records the number of ids of every pull."""
+
+    def __init__(self, answers: dict) -> None:
+        super().__init__(answers)
+        self.pulls: list[int] = []
+
+    def pull_messages(self, message_ids):
+        self.pulls.append(len(list(message_ids)))
+        return super().pull_messages(message_ids)
+
+
+def test_queries_are_pulled_a_window_at_a_time_and_answered_windows_go_on_at_once(monkeypatch):
+    """A pull costs O(ids) (Flower's in-memory LinkState holds its lock for it): at most PULL_WINDOW ids a pull; when
+    every answer is in (the batched grid) one collection still takes them all, window after window."""
+    monkeypatch.setattr(client_manager, "PULL_WINDOW", 3)
+    grid = CountingGrid({n: claim(n - 10, 10) for n in range(10, 20)})
+    cm = CyclicClientManager(10, 1.0, query_timeout=3.0, wait_timeout=60.0)
+    assert cm.wait_for_nodes(grid) == 10
+    assert cm.node_to_partition == {n: n - 10 for n in range(10, 20)} and not cm.pending
+    assert grid.pulls == [3, 3, 3, 1]  # one pass in one collection, no window over 3
+
+
+def test_a_mostly_silent_window_ends_the_pass_and_the_next_poll_takes_the_next_queries(monkeypatch, clock):
+    """Unanswered queries go to the back: every query is pulled within ceil(pending / window) polls, so an answer
+    behind silent nodes is not starved, and a window of silence does not make a poll pull everything."""
+    monkeypatch.setattr(client_manager, "PULL_WINDOW", 2)
+    answers = {n: SILENT for n in range(10, 16)}
+    answers[15] = claim(5, 6)  # the last node asked answers at once; the others are silent
+    grid = CountingGrid(answers)
+    cm = CyclicClientManager(6, 1.0, query_timeout=30.0, wait_timeout=60.0)
+    cm.refresh(grid, need=[5], timeout=0.0)  # pushes every query (nothing was out to collect)
+    cm._collect(grid)  # the first window: nodes 10 and 11, silent: the pass ends there
+    assert grid.pulls == [2] and cm.node_to_partition == {}
+    cm._collect(grid)  # (12, 13): silent
+    cm._collect(grid)  # (14, 15): node 15 answers, half a window: the pass goes on to (10, 11), silent, and ends
+    assert cm.node_to_partition == {15: 5} and grid.pulls == [2, 2, 2, 2]
+    grid.wake(12, claim(2, 6))
+    cm._collect(grid)  # (12, 13): node 12's answer; then (14, 10), silent
+    assert cm.node_to_partition == {15: 5, 12: 2} and grid.pulls[4:] == [2, 2]
+    assert [n for n, _ in cm.pending.values()] == [11, 13, 14, 10]  # the next poll starts at node 11
