@@ -11,10 +11,12 @@ size").
 :func:`install` keeps, per state object, the ids of each node's stored messages in store order and makes
 ``get_message_ins`` walk that node's ids only, with Flower's own checks (``_check_stored_messages``) and filters
 for each of them: the same messages, in the same order, marked delivered the same way. Ids of messages that Flower
-deleted meanwhile (expired, invalid, a finished run) are dropped when met. What no longer happens as a side effect
-of one node's poll is the expiry check of *other* nodes' messages: the dispatch thread polls every node each sweep,
-and ``get_message_res`` checks the messages it is asked about. ``tests/server/test_linkstate_index.py`` compares
-the two versions on the same states and pins the Flower internals used here.
+deleted meanwhile (expired, invalid, a finished run) or that were delivered (never returned again) are dropped when
+met, so a sweep over nodes with nothing to deliver costs a dict lookup each. What no longer happens as a side effect
+of a poll is the expiry check (and deletion) of other nodes' messages and of delivered ones: ``get_message_res``
+checks the messages it is asked about, so the replies the ServerApp pulls are the same.
+``tests/server/test_linkstate_index.py`` runs one scripted sequence through both versions and compares every answer
+(so it also exercises each Flower internal used here).
 """
 
 from __future__ import annotations
@@ -60,8 +62,14 @@ def get_message_ins(self: InMemoryLinkState, node_id: int, limit: int | None, *,
     found: list[Message] = []
     with self.lock:
         index = _index(self)
-        mine = index.get(node_id, {})
+        mine = index.get(node_id)
+        if not mine:  # the common case of a sweep: nothing for this node
+            return found
         for message_id in list(mine):
+            stored = self.message_ins_store.get(message_id)
+            if stored is not None and stored.metadata.delivered_at != "":  # never returned again: forget it
+                del mine[message_id]
+                continue
             self._check_stored_messages({message_id})
             message = self.message_ins_store.get(message_id)
             if message is None:  # deleted by Flower (now or earlier): forget it

@@ -98,6 +98,9 @@ def test_a_poll_checks_only_its_nodes_messages(monkeypatch):
     assert len(InMemoryLinkState.get_message_ins(state, nodes[7], limit=None)) == 4
     assert len(checked) == 4  # the node's own messages only
     checked.clear()
+    assert InMemoryLinkState.get_message_ins(state, nodes[7], limit=None) == [] and checked == []  # delivered: gone
+    assert InMemoryLinkState.get_message_ins(state, nodes[7] + 1, limit=1) == [] and checked == []  # unknown node
+    checked.clear()
     assert len(linkstate.ORIGINAL_GET(state, nodes[8], limit=None)) == 4
     assert len(checked) == 200  # Flower 1.39 checks every stored message for every node's poll
 
