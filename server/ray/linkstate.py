@@ -5,8 +5,8 @@ instruction message, checking each one (expiry, federation) on the way, and the 
 (``flwr/server/superlink/fleet/vce/vce_api.py``, ``add_messages_to_queue``) calls it for every node, every 0.1 s. A
 sweep over the nodes therefore costs nodes × messages checks, and a round that messages every node (the partition
 query of round 1: :mod:`strategies.client_manager`) costs nodes² of them: measured at 34,248 nodes (Stack Overflow,
-10 % copy), ~3.6 answers a second, ~95 with this index (docs/benchmarks.md "The Ray engine at Stack Overflow's
-size").
+10 % copy), ~3.6 answers a second; ~225 with this index and the client manager's windowed pulls (docs/benchmarks.md
+"The Ray engine at Stack Overflow's size").
 
 :func:`install` keeps, per state object, the ids of each node's stored messages in store order and makes
 ``get_message_ins`` walk that node's ids only, with Flower's own checks (``_check_stored_messages``) and filters
