@@ -146,7 +146,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         row["seconds"] = time.time() - t0
         row["elapsed"] = time.time() - t_run
         writer.append(row)
-        _log_progress(rnd, num_rounds, row, eta=row["elapsed"] / (rnd - start) * (num_rounds - rnd))
+        _log_progress(rnd, num_rounds, row, eta=grid.run_eta(1, 1))  # the in-round lines' estimate
         if diverged:
             write_status(run_dir, "diverged", rnd, diverged)
             if cfg["plots"]:
@@ -196,8 +196,9 @@ def _divergence(strategy: Any) -> str:
     return ""
 
 
-def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any], eta: float = 0.0) -> None:
-    """The round's line; ``eta``: seconds left at the mean pace of the rounds this process ran (with evaluations)."""
+def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any], eta: float | None = None) -> None:
+    """The round's line; ``eta``: :meth:`ProgressGrid.run_eta`, seconds left at the mean pace of this process's
+    rounds (with evaluations; None: not known yet)."""
     def fmt(key: str, spec: str = ".4f") -> str:
         value = row.get(key)
         return "-" if value is None else format(value, spec)
@@ -207,7 +208,7 @@ def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any], eta: float = 0
         fmt("accuracy"), fmt("loss"), fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"),
         row["num_replies"], row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"],
         row["num_refused"], row["num_reassigned"], row["num_silent"], row["seconds"], _pop_text(row),
-        f", run ETA {format_duration(eta)}" if rnd < num_rounds else "")
+        f", run ETA {'?' if eta is None else format_duration(eta)}" if rnd < num_rounds else "")
 
 
 def make_server_app(cfg: dict[str, Any], result: dict[str, Any]) -> ServerApp:
