@@ -12,7 +12,8 @@ diverged, so a rerun after an interruption continues; a killed job resumes from 
 3. ``seed001``: LocalUpdate with γ ∈ {0, small, large} and LocalUpdateDecay, η tuned on ETA_GRID the same way, then
    run over the seeds.
 4. ``report``: flower-report of every variant with the CIs, the oscillation amplitude and the paired comparisons
-   against FedAvg (LocalUpdate γ = 0 on the seed 001 side), cyclic − uniform and halved − tuned; figures and
+   against FedAvg (LocalUpdate γ = 0 on the seed 001 side), cyclic − uniform and, per method, halved − tuned
+   with the ratios halved / tuned (``--ratio``: Lemma III.4 predicts an amplitude ratio of 1/2); figures and
    reports under ``<out>/reports``, the figures also copied to ``--figures`` (docs/img for the doc).
 
     python benchmarks/convex_study.py --out studies/convex --jobs 2 data.root=/work/shared/data/cifar10-jpeg.tar.gz
@@ -268,6 +269,17 @@ def stage_report(args, extra) -> None:
     if "uniform" in args.variants and "tuned" in args.variants:
         jobs["seed000_cyclic_vs_uniform"] = [str(s0 / "tuned"), str(s0 / "uniform"), "--compare",
                                              "participation=cyclic", "participation=uniform"]
+    if "halved" in args.variants and "tuned" in args.variants:  # Lemma III.4 per method: the ratio halved / tuned
+        tuned = {**(json.loads(tuned_file(args).read_text()) if tuned_file(args).exists() else {}),
+                 **getattr(args, "dry_tuned", {})}.get("seed000", {})
+        for m in args.methods:
+            if m not in tuned:
+                print(f"convex_study: no tuned client lr of {m} (tuned.json): no halved − tuned report")
+                continue
+            lr = tuned[m]["strategy.client_lr"]
+            jobs[f"seed000_{m}_halved_vs_tuned"] = [
+                str(s0 / "tuned"), str(s0 / "halved"), "--only", f"method={m}", "--compare",
+                f"strategy.client_lr={lr}", f"strategy.client_lr={fmt(float(lr) / 2)}", "--ratio"]
     jobs["seed001"] = [str(args.out / "seed001" / "tuned"), *(["--compare", *lu] if len(lu) > 1 else [])]
     for name, argv in jobs.items():
         argv = [*argv, *base, "--out", str(args.out / "reports" / name)]

@@ -58,29 +58,41 @@ def run_period(run: Run) -> int | None:
     return int(round(1.0 / float(part["fraction"])))
 
 
-def amplitudes(configs: Sequence[Config], metric: str, period: int | None, cycles: int | None) -> dict:
-    """Per configuration: the amplitude Summary over its finished runs in ``config.stats['amplitude']``; returns
-    {"period": p or "from config", "cycles": the numbers of cycles used}. ReportError (exit 2) for bad input."""
+def run_amplitude(run: Run, metric: str, period: int | None, cycles: int | None) -> tuple[float, int, int]:
+    """(amplitude, cycles used, period) of one finished run: ``period`` or the run's own 1/C. ReportError (exit 2)
+    for a run that is not cyclic without ``period`` or has too few per-round evaluations at its end."""
+    p = period or run_period(run)
+    if p is None:
+        raise ReportError(f"{run.path} is not a cyclic run (participation.mode): give --period P")
+    if p < 2:
+        raise ReportError(f"{run.path}: its period 1/participation.fraction is {p}; give --period >= 2")
+    rounds, series = run.series(metric)
+    try:
+        amp, n = cycle_amplitude(rounds, series, p, cycles)
+    except ValueError as err:
+        raise ReportError(f"amplitude of {metric} in {run.path}: {err}") from None
+    return amp, n, p
+
+
+def check_options(period: int | None, cycles: int | None) -> None:
+    """ReportError (exit 2) for --period < 2 or --cycles < 1."""
     if period is not None and period < 2:
         raise ReportError(f"--period must be >= 2 rounds, got {period}")
     if cycles is not None and cycles < 1:
         raise ReportError(f"--cycles must be >= 1, got {cycles}")
+
+
+def amplitudes(configs: Sequence[Config], metric: str, period: int | None, cycles: int | None) -> dict:
+    """Per configuration: the amplitude Summary over its finished runs in ``config.stats['amplitude']``; returns
+    {"period": p or "from config", "cycles": the numbers of cycles used}. ReportError (exit 2) for bad input."""
+    check_options(period, cycles)
     periods, used = set(), set()
     for config in configs:
         values = []
         for run in config.runs:
             if run.status != FINISHED:
                 continue
-            p = period or run_period(run)
-            if p is None:
-                raise ReportError(f"{run.path} is not a cyclic run (participation.mode): give --period P")
-            if p < 2:
-                raise ReportError(f"{run.path}: its period 1/participation.fraction is {p}; give --period >= 2")
-            rounds, series = run.series(metric)
-            try:
-                amp, n = cycle_amplitude(rounds, series, p, cycles)
-            except ValueError as err:
-                raise ReportError(f"amplitude of {metric} in {run.path}: {err}") from None
+            amp, n, p = run_amplitude(run, metric, period, cycles)
             values.append(amp)
             periods.add(p)
             used.add(n)

@@ -131,6 +131,23 @@ def load_runs(sweep_dirs: Sequence[Path]) -> list[Run]:
     return runs
 
 
+def only(runs: Sequence[Run], specs: Sequence[str]) -> list[Run]:
+    """``--only KEY=VALUE ...``: the runs whose override KEY has VALUE, for every spec (e.g. one method's runs out
+    of a sweep of several). ReportError (exit 2): a spec that is not KEY=VALUE, a key no run sets, no run left."""
+    kept = list(runs)
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not key or not sep or not value:
+            raise ReportError(f"--only takes KEY=VALUE, got '{spec}'")
+        if not any(key in r.params for r in runs):
+            raise ReportError(f"--only: no run sets '{key}' (keys: "
+                              f"{', '.join(sorted({k for r in runs for k in r.params}))})")
+        kept = [r for r in kept if normalise(r.params.get(key)) == normalise(value)]
+    if not kept:
+        raise ReportError(f"--only {' '.join(specs)}: no run matches")
+    return kept
+
+
 def swept_keys(runs: Sequence[Run]) -> list[str]:
     """Override keys whose (normalised) value is not the same in every run, in first-seen order."""
     keys = list(dict.fromkeys(k for r in runs for k in r.params))

@@ -11,7 +11,9 @@ average training loss over the last 100 rounds"). ``--select`` picks, for every 
 keys (``--best-per``), the value(s) of the selected keys with the best last-K mean: seed 001's tuned eta for each
 gamma. Runs that diverged (exit 3, ``status.json``), stopped early, never aggregated a reply or lack the metric
 are listed as such; a configuration with such a run is never selected.
-``--compare KEY=A KEY=B [KEY=C ...]`` adds paired differences B − A over matched seeds (:mod:`server.report.compare`).
+``--compare KEY=A KEY=B [KEY=C ...]`` adds paired differences B − A over matched seeds (:mod:`server.report.compare`;
+``--ratio``: the paired ratios B / A too; with ``--amplitude``, of the amplitude too).
+``--only KEY=VALUE ...`` keeps the runs with those override values (one method's runs of a sweep of several).
 ``--amplitude`` (implied by ``--period``/``--cycles``) adds the amplitude of the period-p oscillation over the last
 cycles (:mod:`server.report.oscillation`). Outputs in ``--out`` (default: the first sweep dir): report.md,
 report.csv, curves.png, gap_curves.png (when the runs have pop_gap), heatmap.png (``--grid``), compare.csv
@@ -40,6 +42,7 @@ from server.report.runs import (
     configurations,
     load_runs,
     normalise,
+    only,
     swept_keys,
 )
 
@@ -139,7 +142,7 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     """Load, check, summarise, write; returns the written files. Raises ReportError on bad input."""
     from server.report import sweep_plots as report_plots  # matplotlib only when writing figures
 
-    runs = load_runs(args.sweep_dirs)
+    runs = only(load_runs(args.sweep_dirs), args.only or [])
     swept = swept_keys(runs)
     keys = [k for k in swept if k != AVERAGED]
     columns = {c for r in runs for row in r.rows for c, v in row.items() if v is not None}
@@ -156,17 +159,21 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     check_keys(runs, swept, args.select or [], "--select")
     check_keys(runs, swept, args.grid or [], "--grid")
     comparisons = None
-    if args.pair_by is not None and not args.compare:
-        raise ReportError("--pair-by needs --compare")
+    for flag, given in (("--pair-by", args.pair_by is not None), ("--ratio", args.ratio)):
+        if given and not args.compare:
+            raise ReportError(f"{flag} needs --compare")
+    amp_metric, amp_info = _amplitude_metric(args, columns), None
+    oscillation.check_options(args.period, args.cycles)
+    amplitude = (amp_metric, lambda run: oscillation.run_amplitude(run, amp_metric, args.period, args.cycles)[0]) \
+        if amp_metric else None
     if args.compare:
         key, a, bs = compare_lib.parse(args.compare, runs, swept)
         if args.pair_by:
             check_keys(runs, swept, args.pair_by, "--pair-by")
-        comparisons = {b: compare_lib.compare(runs, keys, key, a, b, args.metric, args.last, args.pair_by)
-                       for b in bs}
+        comparisons = {b: compare_lib.compare(runs, keys, key, a, b, args.metric, args.last, args.pair_by,
+                                              amplitude, args.ratio) for b in bs}
     metrics = list(dict.fromkeys([args.metric, args.criterion]))
     configs = configurations(runs, keys, metrics, args.last)
-    amp_metric, amp_info = _amplitude_metric(args, columns), None
     if amp_metric:
         amp_info = oscillation.amplitudes(configs, amp_metric, args.period, args.cycles)
     best = None
@@ -188,7 +195,7 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     compared, written = None, []
     if comparisons is not None:
         compared = [line for b, found in comparisons.items()
-                    for line in compare_lib.markdown(found, key, a, b, args.metric, args.last)]
+                    for line in compare_lib.markdown(found, key, a, b, args.metric, args.last, amplitude, args.ratio)]
         compare_lib.write_csv(out / "compare.csv", comparisons, key, a, args.last)
         written.append(out / "compare.csv")
     write_csv(out / "report.csv", configs, keys, metrics, args.last, amp_metric)
@@ -220,10 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     crit.add_argument("--minimize", metavar="METRIC", help="selection criterion: smallest last-K mean of METRIC")
     crit.add_argument("--maximize", metavar="METRIC", help="selection criterion: largest last-K mean of METRIC")
     parser.add_argument("--grid", nargs=2, metavar=("X", "Y"), help="heatmap of two swept keys")
+    parser.add_argument("--only", nargs="+", metavar="KEY=V", help="report only the runs with KEY=V (each given "
+                        "pair), e.g. one method's runs of a sweep of several")
     parser.add_argument("--out", type=Path, help="output folder (default: the first sweep dir)")
     parser.add_argument("--compare", nargs="+", metavar="KEY=V",
                         help="KEY=A KEY=B [KEY=C ...]: paired differences B − A (C − A, ...) of --metric over matched "
                              "seeds: mean, 95%% CI, t-test p")
+    parser.add_argument("--ratio", action="store_true", help="with --compare: also the paired ratios B / A "
+                        "(geometric mean, 95%% CI of the t interval of log B/A, p of H0: ratio 1)")
     parser.add_argument("--pair-by", nargs="*", metavar="KEY", help="swept keys within which seeds are paired "
                         "(default: those with several values on a side of --compare)")
     parser.add_argument("--amplitude", nargs="?", const="", metavar="METRIC", help="oscillation amplitude of METRIC "

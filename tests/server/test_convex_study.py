@@ -19,7 +19,7 @@ from server.report.oscillation import cycle_amplitude
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "benchmarks" / "convex_study.py"
-ARGS = ["--scale", "smoke", "--jobs", "2", "--methods", "fedavg,fedcm", "--variants", "tuned,uniform",
+ARGS = ["--scale", "smoke", "--jobs", "2", "--methods", "fedavg,fedcm", "--variants", "tuned,halved,uniform",
         "--seed001", "localupdate_g0,localupdate_decay"]
 ROUNDS, TUNE_ROUNDS, PERIOD, TAIL, EVERY = 20, 10, 5, 10, 5  # SCALES["smoke"]: eval_tail = 2 cycles of 5
 
@@ -61,8 +61,9 @@ def test_tuning_picks_the_smallest_last_10_percent_gap(study):
 @pytest.mark.e2e
 def test_final_runs_evaluate_every_round_of_the_tail_only(study):
     out = study[0]
-    finals = runs(out / "seed000" / "tuned") + runs(out / "seed000" / "uniform") + runs(out / "seed001" / "tuned")
-    assert len(finals) == 2 * 2 + 2 * 2 + 2 * 2
+    finals = runs(out / "seed000" / "tuned") + runs(out / "seed000" / "halved") + runs(out / "seed000" / "uniform") \
+        + runs(out / "seed001" / "tuned")
+    assert len(finals) == 2 * 2 + 2 * 2 + 2 * 2 + 2 * 2
     expected = sorted({t for t in range(ROUNDS + 1) if t % EVERY == 0} | set(range(ROUNDS - TAIL + 1, ROUNDS + 1)))
     for run in finals:
         rows = read_metrics(run)
@@ -124,11 +125,38 @@ def test_amplitude_and_comparison_statistics_match_the_metrics(study):
 
 
 @pytest.mark.e2e
+def test_halved_vs_tuned_ratio_per_method(study):
+    """Lemma III.4's check: per method, halved / tuned of the amplitude (and floor) over matched seeds, by hand."""
+    out = study[0]
+    tuned = json.loads((out / "tuned.json").read_text())["seed000"]
+    for method in ("fedavg", "fedcm"):
+        lr = float(tuned[method]["strategy.client_lr"])
+        amps = {}
+        for variant in ("tuned", "halved"):
+            for run in runs(out / "seed000" / variant):
+                cfg = json.loads((run / "config.json").read_text())
+                if run.name.startswith(method + "_"):
+                    assert cfg["strategy"]["client_lr"] == (lr if variant == "tuned" else lr / 2)
+                    rows = [r for r in read_metrics(run) if r.get("pop_gap") is not None]
+                    amp, _ = cycle_amplitude(np.array([r["round"] for r in rows]),
+                                             np.array([r["pop_gap"] for r in rows]), PERIOD)
+                    amps.setdefault(variant, {})[cfg["seed"]] = amp
+        a = np.array([amps["tuned"][s] for s in (0, 1)])
+        b = np.array([amps["halved"][s] for s in (0, 1)])
+        report = out / "reports" / f"seed000_{method}_halved_vs_tuned"
+        with open(report / "compare.csv") as f:
+            row = next(r for r in csv.DictReader(f) if r["value"] == "amplitude")
+        assert float(row["mean_diff"]) == pytest.approx(float(np.mean(b - a)), rel=1e-9)
+        assert float(row["ratio"]) == pytest.approx(float(np.exp(np.mean(np.log(b / a)))), rel=1e-9)
+        assert "ratio b/a [95 % CI]" in (report / "report.md").read_text()
+
+
+@pytest.mark.e2e
 def test_a_rerun_skips_every_finished_job(study):
     out, _, data = study
     proc = driver(out, data, "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert "flower-simulation" not in proc.stdout and proc.stdout.count("flower-report") == 4
+    assert "flower-simulation" not in proc.stdout and proc.stdout.count("flower-report") == 7
 
 
 def test_bad_driver_input_exits_2_before_any_work(tmp_path, tiny_data):

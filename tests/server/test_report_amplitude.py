@@ -11,6 +11,7 @@ from conftest import report
 from scipy import stats as scipy_stats
 
 from server.report.oscillation import cycle_amplitude
+from server.report.stats import paired_ratio
 
 P = 4  # cyclic participation with fraction 0.25
 
@@ -91,6 +92,79 @@ def test_report_amplitude_ci_figures_and_multi_compare(sweep, tmp_path):
         assert (out / png).stat().st_size > 0
 
 
+def test_compare_ratio_and_amplitude_match_scipy(sweep, tmp_path):
+    """--ratio with --amplitude: per kind (final, last 4, amplitude) the paired difference and the geometric mean
+    ratio with its log-scale t interval and p, against numpy/scipy on the known per-seed values."""
+    out = tmp_path / "out"
+    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--amplitude", "--ratio", "--compare", "method=a",
+                  "method=b", "method=c", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    with open(out / "compare.csv") as f:
+        found = {(r["b"], r["value"]): r for r in csv.DictReader(f)}
+    assert set(found) == {(b, kind) for b in "bc" for kind in ("final", "last4", "amplitude")}
+    floors = np.array([1e-3 * (seed + 1) for seed in range(3)])
+    for b in "bc":
+        xa, xb = np.array(AMPS["a"]), np.array(AMPS[b])
+        # round 40 is the last of a cycle (phase 3 of 0..3): floor + amp; the last 4 rounds are one whole cycle
+        per_kind = {"final": (floors + xa, floors + xb), "last4": (floors + xa / 2, floors + xb / 2),
+                    "amplitude": (xa, xb)}
+        for kind, (va, vb) in per_kind.items():
+            row = found[(b, kind)]
+            assert int(row["n"]) == 3 and row["note"] == ""
+            assert float(row["mean_diff"]) == pytest.approx(float(np.mean(vb - va)), rel=1e-9, abs=1e-15)
+            logs = np.log(vb / va)
+            assert float(row["ratio"]) == pytest.approx(float(np.exp(logs.mean())), rel=1e-9)
+            low, high = scipy_stats.t.interval(0.95, 2, loc=logs.mean(), scale=scipy_stats.sem(logs))
+            assert float(row["ratio_low"]) == pytest.approx(float(np.exp(low)), rel=1e-9)
+            assert float(row["ratio_high"]) == pytest.approx(float(np.exp(high)), rel=1e-9)
+            assert float(row["ratio_p"]) == pytest.approx(scipy_stats.ttest_rel(np.log(vb), np.log(va)).pvalue,
+                                                          rel=1e-9)
+    md = (out / "report.md").read_text()
+    assert "| ratio b/a [95 % CI] | p (ratio = 1) |" in md and "| pop_gap amplitude |" in md
+
+
+def test_ratio_needs_positive_values_and_compare_without_it_is_unchanged(sweep, tmp_path):
+    for job in sweep.glob("b_s*"):  # method b's final pop_gap <= 0: no ratio of the final value, the rest as usual
+        rows = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+        rows[-1]["pop_gap"] = 0.0
+        (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--ratio", "--compare", "method=a", "method=b",
+                  "--out", tmp_path / "ratio")
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "ratio" / "compare.csv") as f:
+        found = {r["value"]: r for r in csv.DictReader(f)}
+    assert set(found) == {"final", "last4"}  # no --amplitude: no amplitude row
+    assert found["final"]["ratio"] == "" and found["final"]["note"] == "no ratio: a value ≤ 0"
+    assert found["final"]["mean_diff"] != "" and found["last4"]["ratio"] != ""
+    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--compare", "method=a", "method=b",
+                  "--out", tmp_path / "plain")
+    with open(tmp_path / "plain" / "compare.csv") as f:
+        assert all(r["ratio"] == "" and r["note"] == "" for r in csv.DictReader(f))
+    assert "ratio b/a" not in (tmp_path / "plain" / "report.md").read_text()
+
+
+def test_only_keeps_one_methods_runs(sweep, tmp_path):
+    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--amplitude", "--only", "method=b", "--out",
+                  tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "out" / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 1 and int(rows[0]["runs"]) == 3  # method b only: one configuration of 3 seeds
+    assert float(rows[0]["pop_gap_amplitude_mean"]) == pytest.approx(np.mean(AMPS["b"]), rel=1e-12)
+
+
+def test_paired_ratio_known_answers():
+    r = paired_ratio([1.0, 1.0], [2.0, 8.0])  # log ratios log 2, log 8: geometric mean 4
+    assert r.mean == pytest.approx(4.0, rel=1e-12) and r.n == 2 and r.low < 4.0 < r.high
+    same = paired_ratio([1.0, 2.0, 4.0], [0.5, 1.0, 2.0])  # every ratio 0.5: no spread
+    assert (same.mean, same.low, same.high, same.p) == (pytest.approx(0.5, rel=1e-12),) * 3 + (0.0,)
+    for a, b in (([1.0, 0.0], [1.0, 1.0]), ([1.0, 1.0], [1.0, -2.0]), ([1.0, float("nan")], [1.0, 1.0])):
+        with pytest.raises(ValueError, match="values > 0"):
+            paired_ratio(a, b)
+    with pytest.raises(ValueError, match="at least 2"):
+        paired_ratio([1.0], [2.0])
+
+
 def test_gap_curves_with_values_at_or_below_zero(tmp_path):
     root = tmp_path / "sweep"
     for seed in (0, 1):
@@ -113,6 +187,10 @@ def test_gap_curves_with_values_at_or_below_zero(tmp_path):
         (["--amplitude"], "uniform", 12, "is not a cyclic run (participation.mode): give --period P"),
         (["--amplitude", "accuracy"], "cyclic", 12, "--amplitude: metric 'accuracy' is in no run's metrics"),
         (["--pair-by", "seed"], "cyclic", 12, "--pair-by needs --compare"),
+        (["--ratio"], "cyclic", 12, "--ratio needs --compare"),
+        (["--only", "seed"], "cyclic", 12, "--only takes KEY=VALUE, got 'seed'"),
+        (["--only", "method=a"], "cyclic", 12, "--only: no run sets 'method' (keys: seed)"),
+        (["--only", "seed=7"], "cyclic", 12, "--only seed=7: no run matches"),
     ],
 )
 def test_bad_amplitude_input_exits_2_with_one_line(tmp_path, args, mode, tail, message):
