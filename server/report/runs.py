@@ -17,6 +17,9 @@ from server.report.metrics import read_metrics
 from server.report.stats import Summary, summarise
 
 AVERAGED = "seed"  # runs differing only in these keys are the seeds of one configuration
+# Overrides that say where or how a run is stored, never what it computes: not configuration keys, so runs started
+# one by one (each with its own run_dir) still group into configurations of seeds.
+STORAGE_KEYS = ("run_dir", "resume", "checkpoint_every", "data.cache_dir", "plots")
 FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES = "finished", "diverged", "incomplete", "no_replies"
 STATUSES = (FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES)
 
@@ -149,8 +152,10 @@ def only(runs: Sequence[Run], specs: Sequence[str]) -> list[Run]:
 
 
 def swept_keys(runs: Sequence[Run]) -> list[str]:
-    """Override keys whose (normalised) value is not the same in every run, in first-seen order."""
-    keys = list(dict.fromkeys(k for r in runs for k in r.params))
+    """Override keys whose (normalised) value is not the same in every run, in first-seen order (storage keys,
+    :data:`STORAGE_KEYS` and ``hydra.*``, excepted)."""
+    keys = [k for k in dict.fromkeys(k for r in runs for k in r.params)
+            if k not in STORAGE_KEYS and not k.startswith("hydra.")]
     return [k for k in keys if len({normalise(r.params.get(k)) for r in runs}) > 1]
 
 

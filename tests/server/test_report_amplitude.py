@@ -153,6 +153,28 @@ def test_only_keeps_one_methods_runs(sweep, tmp_path):
     assert float(rows[0]["pop_gap_amplitude_mean"]) == pytest.approx(np.mean(AMPS["b"]), rel=1e-12)
 
 
+def test_runs_started_one_by_one_group_by_configuration(tmp_path):
+    """Runs launched one at a time each carry their own run_dir (and resume, checkpoint_every...): storage keys, not
+    configuration keys, so the seeds of one method still form one configuration and pair with another's."""
+    root = tmp_path / "runs"
+    for method, amps in (("a", AMPS["a"]), ("b", AMPS["b"])):
+        for seed, amp in enumerate(amps):
+            write_job(root, f"{method}{seed}", {"+method": method, "seed": seed, "run_dir": f"/x/{method}{seed}",
+                                               "resume": "true", "checkpoint_every": 10 * (seed + 1)},
+                      series(40, amp, 0.01, tail=12))
+    proc = report(root, "--metric", "pop_gap", "--last", "4", "--amplitude", "--compare", "method=a", "method=b",
+                  "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "out" / "report.csv") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"a", "b"} and all(int(r["runs"]) == 3 for r in rows.values())
+    assert "run_dir" not in rows["a"] and "checkpoint_every" not in rows["a"]
+    with open(tmp_path / "out" / "compare.csv") as f:
+        amplitude = next(r for r in csv.DictReader(f) if r["value"] == "amplitude")
+    assert int(amplitude["n"]) == 3 and amplitude["group"] == ""
+    assert float(amplitude["mean_diff"]) == pytest.approx(np.mean(np.array(AMPS["b"]) - AMPS["a"]), rel=1e-9)
+
+
 def test_paired_ratio_known_answers():
     r = paired_ratio([1.0, 1.0], [2.0, 8.0])  # log ratios log 2, log 8: geometric mean 4
     assert r.mean == pytest.approx(4.0, rel=1e-12) and r.n == 2 and r.low < 4.0 < r.high
