@@ -14,7 +14,8 @@ diverged, so a rerun after an interruption continues; a killed job resumes from 
 4. ``report``: flower-report of every variant with the CIs, the oscillation amplitude and the paired comparisons
    against FedAvg (LocalUpdate γ = 0 on the seed 001 side), cyclic − uniform and, per method, halved − tuned
    with the ratios halved / tuned (``--ratio``: Lemma III.4 predicts an amplitude ratio of 1/2); figures and
-   reports under ``<out>/reports``, the figures also copied to ``--figures`` (docs/img for the doc).
+   reports under ``<out>/reports``, the figures also copied to ``--figures`` (docs/img for the doc). With
+   ``--upto T`` (e.g. 5000 of ``--rounds 10000``) every report again at round T (``<name>_uptoT``).
 
     python benchmarks/convex_study.py --out studies/convex --jobs 2 data.root=/work/shared/data/cifar10-jpeg.tar.gz
     python benchmarks/convex_study.py --out studies/convex --stage tune --dry-run        # print the commands
@@ -159,8 +160,11 @@ def run_groups(groups: Sequence[Group], extra: Sequence[str], args: argparse.Nam
 def scale_overrides(args: argparse.Namespace, tune: bool) -> dict[str, str]:
     period = 5 if args.scale == "smoke" else 10
     rounds = args.tune_rounds if tune else args.rounds
-    return {"num_rounds": str(rounds), "eval_every": str(args.tune_eval_every if tune else args.eval_every),
-            "eval_tail": "0" if tune else str(min(rounds, args.cycles * period))}
+    out = {"num_rounds": str(rounds), "eval_every": str(args.tune_eval_every if tune else args.eval_every),
+           "eval_tail": "0" if tune else str(min(rounds, args.cycles * period))}
+    if args.upto and not tune:  # the cycles before the earlier horizon too: flower-report --upto T reads them
+        out["eval_tail_at"] = f"[{args.upto}]"
+    return out
 
 
 def grid(method: str, args: argparse.Namespace) -> dict[str, Sequence]:
@@ -262,7 +266,7 @@ def stage_report(args, extra) -> None:
 
     period = "5" if args.scale == "smoke" else "10"  # cyclic C; the uniform control's "cycles" have the same length
     s0 = args.out / "seed000"
-    base = ["--metric", "pop_gap", "--period", period, "--last", str(max(1, args.rounds // 10))]
+    base = ["--metric", "pop_gap", "--period", period, "--cycles", str(args.cycles)]  # eval_tail's cycles
     vs = [f"method={m}" for m in sorted(args.methods, key=lambda m: m != "fedavg")]  # against FedAvg
     lu = [f"method={m}" for m in args.seed001]
     jobs = {f"seed000_{v}": [str(s0 / v), *(["--compare", *vs] if len(vs) > 1 else [])] for v in args.variants}
@@ -281,6 +285,10 @@ def stage_report(args, extra) -> None:
                 str(s0 / "tuned"), str(s0 / "halved"), "--only", f"method={m}", "--compare",
                 f"strategy.client_lr={lr}", f"strategy.client_lr={fmt(float(lr) / 2)}", "--ratio"]
     jobs["seed001"] = [str(args.out / "seed001" / "tuned"), *(["--compare", *lu] if len(lu) > 1 else [])]
+    horizons = {"": ["--last", str(max(1, args.rounds // 10))]}
+    if args.upto:  # every report again at the earlier horizon (e.g. 5,000 of 10,000 rounds)
+        horizons[f"_upto{args.upto}"] = ["--last", str(max(1, args.upto // 10)), "--upto", str(args.upto)]
+    jobs = {name + suffix: [*argv, *at] for suffix, at in horizons.items() for name, argv in jobs.items()}
     for name, argv in jobs.items():
         argv = [*argv, *base, "--out", str(args.out / "reports" / name)]
         if args.dry_run:
@@ -313,6 +321,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--methods", default=",".join(METHODS), help="seed 000 methods (conf/method/)")
     parser.add_argument("--seed001", default=",".join(SEED001), help="seed 001 methods (conf/method/)")
     parser.add_argument("--variants", default="tuned,halved,uniform", help="final-run variants")
+    parser.add_argument("--upto", type=int, metavar="T", help="an earlier horizon T < --rounds: the final runs "
+                        "evaluate its last cycles too (eval_tail_at) and every report is repeated at T (<name>_uptoT)")
     parser.add_argument("--jobs", type=int, default=1, help="flower-simulation calls at once (2 on 2 cores)")
     parser.add_argument("--figures", type=Path, help="copy the report figures here (e.g. docs/img)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands of the pending jobs only")
@@ -339,6 +349,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--seeds must be >= 2 for the paired comparisons of the report")
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.upto is not None and not 1 <= args.upto < args.rounds:
+        parser.error(f"--upto must be a round in 1..{args.rounds - 1} (before --rounds), got {args.upto}")
     args.out = args.out.resolve()
     return args, (SMOKE if args.scale == "smoke" else []) + extra
 

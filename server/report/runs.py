@@ -151,6 +151,26 @@ def only(runs: Sequence[Run], specs: Sequence[str]) -> list[Run]:
     return kept
 
 
+def upto(runs: Sequence[Run], horizon: int) -> list[Run]:
+    """``--upto T``: every run as it stood after round T (its rows <= T; ``num_rounds`` is then no configuration
+    key). A run that got past T (finished, still running, or diverged later) is finished at T; one that stopped
+    before T is listed as not having reached it. ReportError (exit 2): T < 1."""
+    if horizon < 1:
+        raise ReportError(f"--upto must be a round >= 1, got {horizon}")
+    out = []
+    for run in runs:
+        rows = [row for row in run.rows if row["round"] <= horizon]
+        reached = run.status != NO_REPLIES and bool(run.rows) and run.rows[-1]["round"] >= horizon \
+            and (run.status != DIVERGED or (run.last_round or 0) > horizon)
+        status, reason = (FINISHED, "") if reached else (run.status, run.reason)
+        if not reached and run.status == FINISHED:
+            status, reason = INCOMPLETE, f"ended at round {run.last_round}, before --upto {horizon}"
+        params = {k: v for k, v in run.params.items() if k != "num_rounds"}
+        last = min(run.last_round, horizon) if run.last_round is not None else None
+        out.append(Run(run.path, params, status, last, reason, rows, horizon if reached else run.num_rounds, run.seed))
+    return out
+
+
 def swept_keys(runs: Sequence[Run]) -> list[str]:
     """Override keys whose (normalised) value is not the same in every run, in first-seen order (storage keys,
     :data:`STORAGE_KEYS` and ``hydra.*``, excepted)."""

@@ -14,6 +14,9 @@ are listed as such; a configuration with such a run is never selected.
 ``--compare KEY=A KEY=B [KEY=C ...]`` adds paired differences B − A over matched seeds (:mod:`server.report.compare`;
 ``--ratio``: the paired ratios B / A too; with ``--amplitude``, of the amplitude too).
 ``--only KEY=VALUE ...`` keeps the runs with those override values (one method's runs of a sweep of several).
+``--upto T`` reports every run as it stood after round T (rows up to T; a run that got past T counts as finished
+there): the floor at 5,000 rounds of runs that went on to 10,000 (``eval_tail_at=[5000]`` evaluates every round
+before T).
 ``--amplitude`` (implied by ``--period``/``--cycles``) adds the amplitude of the period-p oscillation over the last
 cycles (:mod:`server.report.oscillation`). Outputs in ``--out`` (default: the first sweep dir): report.md,
 report.csv, curves.png, gap_curves.png (when the runs have pop_gap), heatmap.png (``--grid``), compare.csv
@@ -44,6 +47,7 @@ from server.report.runs import (
     normalise,
     only,
     swept_keys,
+    upto,
 )
 
 
@@ -106,7 +110,8 @@ def write_markdown(path: Path, args: argparse.Namespace, runs: Sequence[Run], co
              f"averaged over: {AVERAGED}). Values: mean ± 95 % confidence half-width over n seeds (Student t, "
              f"t_0.975,n−1 · s/√n; std in report.csv) of `{m}` at the last round and of its mean over the last {k} "
              "rounds. Runs that diverged, did not finish or never aggregated a reply are listed in *note* and their "
-             "configurations are never selected.", "",
+             "configurations are never selected."
+             + (f" Every run as it stood after round {args.upto} (--upto)." if getattr(args, "upto", None) else ""), "",
              f"| {' | '.join(keys)} | runs | {m} final | {m} last {k} | note |",
              f"|{'---|' * (len(keys) + 4)}"]
     for c in configs:
@@ -143,6 +148,8 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     from server.report import sweep_plots as report_plots  # matplotlib only when writing figures
 
     runs = only(load_runs(args.sweep_dirs), args.only or [])
+    if args.upto is not None:
+        runs = upto(runs, args.upto)
     swept = swept_keys(runs)
     keys = [k for k in swept if k != AVERAGED]
     columns = {c for r in runs for row in r.rows for c, v in row.items() if v is not None}
@@ -229,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grid", nargs=2, metavar=("X", "Y"), help="heatmap of two swept keys")
     parser.add_argument("--only", nargs="+", metavar="KEY=V", help="report only the runs with KEY=V (each given "
                         "pair), e.g. one method's runs of a sweep of several")
+    parser.add_argument("--upto", type=int, metavar="T", help="report every run as it stood after round T (a floor "
+                        "at an earlier horizon of longer runs: evaluate every round before T with eval_tail_at)")
     parser.add_argument("--out", type=Path, help="output folder (default: the first sweep dir)")
     parser.add_argument("--compare", nargs="+", metavar="KEY=V",
                         help="KEY=A KEY=B [KEY=C ...]: paired differences B − A (C − A, ...) of --metric over matched "

@@ -79,13 +79,21 @@ def run_experiment(grid: Grid, cfg: dict[str, Any], run_dir: Path | str | None =
         handler.close()
 
 
+def _tail_rounds(cfg: dict[str, Any]) -> set[int]:
+    """The rounds evaluated whatever ``eval_every`` says: the last ``eval_tail`` rounds before R and before each
+    horizon of ``eval_tail_at`` (the oscillation over the last cycles at an earlier horizon of the same run too)."""
+    tail = int(cfg.get("eval_tail", 0))
+    ends = {int(cfg["num_rounds"]), *(int(t) for t in cfg.get("eval_tail_at") or ())}
+    return {r for end in ends for r in range(max(1, end - tail + 1), end + 1)}
+
+
 def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
     fast = bool((cfg.get("deploy") or {}).get("fast", True))  # false: the grid's own interval (HttpGrid: 3 s)
     grid = ProgressGrid(grid, poll_interval=0.1 if fast else float(getattr(grid, "pull_interval", 3.0)),
                         report_every=float(cfg.get("progress_every", 10)))
     num_rounds, eval_every, ckpt_every = int(cfg["num_rounds"]), int(cfg["eval_every"]), int(cfg["checkpoint_every"])
-    eval_from = num_rounds - int(cfg.get("eval_tail", 0))  # every round after this one is evaluated
+    tail_rounds = _tail_rounds(cfg)  # evaluated every round: the eval_tail rounds up to R and to each eval_tail_at
 
     dataset = build.server_dataset(cfg)
     strategy = build.build_strategy(cfg, num_train=build.train_size(dataset))
@@ -139,7 +147,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "num_silent": int(_metric(metrics, "num-silent") or 0),
         }
         diverged = _divergence(strategy)
-        if not diverged and (rnd % eval_every == 0 or rnd > eval_from):
+        if not diverged and (rnd % eval_every == 0 or rnd in tail_rounds):
             row.update(evaluator.metrics(arrays))
             if not math.isfinite(row["loss"]):
                 diverged = f"the test loss of the global model is {row['loss']}"

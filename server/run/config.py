@@ -70,6 +70,16 @@ def _check(key: str, check: Any, *args: Any) -> None:
         raise ConfigError(f"'{key}': {err}") from None
 
 
+def _validate_eval_tail_at(cfg: dict[str, Any]) -> None:
+    """``eval_tail_at``: a list of rounds 1..num_rounds (earlier horizons whose last eval_tail rounds are evaluated)."""
+    horizons = cfg.get("eval_tail_at") or []
+    if not isinstance(horizons, list | tuple):
+        raise ConfigError(f"'eval_tail_at' must be a list of rounds, e.g. [5000], got {horizons!r}")
+    for t in horizons:
+        if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= cfg["num_rounds"]:
+            raise ConfigError(f"'eval_tail_at' holds rounds in 1..num_rounds ({cfg['num_rounds']}), got {t!r}")
+
+
 def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     """Check every key an experiment reads; absolutise paths in place. Returns ``cfg``.
 
@@ -83,6 +93,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "eval_every")
     if "eval_tail" in cfg:
         _positive_int(cfg, "eval_tail", 0)
+    _validate_eval_tail_at(cfg)
     _positive_int(cfg, "checkpoint_every")
     _positive_int(cfg, "eval_max_examples", 0)
     progress = cfg.get("progress_every", 10)

@@ -58,6 +58,9 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["participation.query_timeout=soon"], "participation.query_timeout"),
         (["num_rounds=0"], "num_rounds"),
         (["eval_tail=-1"], "eval_tail"),
+        (["eval_tail_at=[0]"], "eval_tail_at"),
+        (["num_rounds=10", "eval_tail_at=[11]"], "eval_tail_at"),
+        (["eval_tail_at=5"], "eval_tail_at"),
         (["plots=sometimes"], "plots"),
         (["data.alpha=-1"], "data.alpha"),
         (["client.batch_size=0"], "client.batch_size"),
@@ -113,3 +116,12 @@ def test_ghbm_presets_hold_the_authors_values_and_build_their_strategy(preset, t
         assert strategy.client_state_dir == "/tmp/unused/client_state" and strategy.participation_fraction() == 0.1
     else:
         assert strategy.tau == tau
+
+
+def test_tail_rounds_cover_the_last_eval_tail_rounds_before_each_horizon():
+    from server.run.app import _tail_rounds
+
+    assert _tail_rounds({"num_rounds": 20, "eval_tail": 3, "eval_tail_at": [10]}) == {8, 9, 10, 18, 19, 20}
+    assert _tail_rounds({"num_rounds": 20, "eval_tail": 3}) == {18, 19, 20}
+    assert _tail_rounds({"num_rounds": 20, "eval_tail": 0, "eval_tail_at": [10]}) == set()
+    assert _tail_rounds({"num_rounds": 5, "eval_tail": 8, "eval_tail_at": [2]}) == {1, 2, 3, 4, 5}

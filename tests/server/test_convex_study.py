@@ -20,8 +20,9 @@ from server.report.oscillation import cycle_amplitude
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "benchmarks" / "convex_study.py"
 ARGS = ["--scale", "smoke", "--jobs", "2", "--methods", "fedavg,fedcm", "--variants", "tuned,halved,uniform",
-        "--seed001", "localupdate_g0,localupdate_decay"]
+        "--seed001", "localupdate_g0,localupdate_decay", "--upto", "15"]
 ROUNDS, TUNE_ROUNDS, PERIOD, TAIL, EVERY = 20, 10, 5, 10, 5  # SCALES["smoke"]: eval_tail = 2 cycles of 5
+UPTO = 15  # the earlier horizon: its last 2 cycles (rounds 6..15) are evaluated too (eval_tail_at)
 
 
 def driver(out, data, *extra):
@@ -64,7 +65,8 @@ def test_final_runs_evaluate_every_round_of_the_tail_only(study):
     finals = runs(out / "seed000" / "tuned") + runs(out / "seed000" / "halved") + runs(out / "seed000" / "uniform") \
         + runs(out / "seed001" / "tuned")
     assert len(finals) == 2 * 2 + 2 * 2 + 2 * 2 + 2 * 2
-    expected = sorted({t for t in range(ROUNDS + 1) if t % EVERY == 0} | set(range(ROUNDS - TAIL + 1, ROUNDS + 1)))
+    expected = sorted({t for t in range(ROUNDS + 1) if t % EVERY == 0} | set(range(ROUNDS - TAIL + 1, ROUNDS + 1))
+                      | set(range(UPTO - TAIL + 1, UPTO + 1)))
     for run in finals:
         rows = read_metrics(run)
         assert [r["round"] for r in rows if r.get("pop_gap") is not None] == expected
@@ -105,7 +107,7 @@ def test_amplitude_and_comparison_statistics_match_the_metrics(study):
         gaps = np.array([r["pop_gap"] for r in read_metrics(run) if r.get("pop_gap") is not None])
         tail = gaps[rounds > ROUNDS - TAIL].reshape(2, PERIOD)
         amp = float(np.mean(tail.max(1) - tail.min(1)))  # by hand: 2 cycles of 5 rounds
-        assert cycle_amplitude(rounds, gaps, PERIOD) == (pytest.approx(amp, rel=1e-12), 2)
+        assert cycle_amplitude(rounds, gaps, PERIOD, cycles=2) == (pytest.approx(amp, rel=1e-12), 2)
         method = run.name.split("_eta")[0]
         per_method.setdefault(method, {})[json.loads((run / "config.json").read_text())["seed"]] = (amp, gaps[-1])
     with open(out / "reports" / "seed000_tuned" / "report.csv") as f:
@@ -139,7 +141,7 @@ def test_halved_vs_tuned_ratio_per_method(study):
                     assert cfg["strategy"]["client_lr"] == (lr if variant == "tuned" else lr / 2)
                     rows = [r for r in read_metrics(run) if r.get("pop_gap") is not None]
                     amp, _ = cycle_amplitude(np.array([r["round"] for r in rows]),
-                                             np.array([r["pop_gap"] for r in rows]), PERIOD)
+                                             np.array([r["pop_gap"] for r in rows]), PERIOD, cycles=2)
                     amps.setdefault(variant, {})[cfg["seed"]] = amp
         a = np.array([amps["tuned"][s] for s in (0, 1)])
         b = np.array([amps["halved"][s] for s in (0, 1)])
@@ -152,16 +154,39 @@ def test_halved_vs_tuned_ratio_per_method(study):
 
 
 @pytest.mark.e2e
+def test_reports_at_the_earlier_horizon_read_the_runs_up_to_it(study):
+    """--upto 15: each report again as the runs stood after round 15, its amplitude and floor from rows <= 15."""
+    out = study[0]
+    per_method = {}
+    for run in runs(out / "seed000" / "tuned"):
+        rows = [r for r in read_metrics(run) if r.get("pop_gap") is not None and r["round"] <= UPTO]
+        rounds, gaps = np.array([r["round"] for r in rows]), np.array([r["pop_gap"] for r in rows])
+        tail = gaps[rounds > UPTO - TAIL].reshape(2, PERIOD)  # rounds 6..15, by hand
+        method = run.name.split("_eta")[0]
+        per_method.setdefault(method, []).append((float(np.mean(tail.max(1) - tail.min(1))), gaps[-1]))
+    report = out / "reports" / f"seed000_tuned_upto{UPTO}"
+    assert f"as it stood after round {UPTO} (--upto)" in (report / "report.md").read_text()
+    with open(report / "report.csv") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    for method, values in per_method.items():
+        amps, at_upto = np.array(values).T
+        assert float(rows[method]["pop_gap_amplitude_mean"]) == pytest.approx(amps.mean(), rel=1e-12)
+        assert float(rows[method]["pop_gap_final_mean"]) == pytest.approx(at_upto.mean(), rel=1e-12)
+        assert int(rows[method]["runs"]) == 2 and rows[method]["note"] == ""
+    assert (out / "reports" / f"seed001_upto{UPTO}" / "report.md").exists()
+
+
+@pytest.mark.e2e
 def test_a_rerun_skips_every_finished_job(study):
     out, _, data = study
     proc = driver(out, data, "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert "flower-simulation" not in proc.stdout and proc.stdout.count("flower-report") == 7
+    assert "flower-simulation" not in proc.stdout and proc.stdout.count("flower-report") == 2 * 7  # also --upto
 
 
 def test_bad_driver_input_exits_2_before_any_work(tmp_path, tiny_data):
     for extra, message in ((["--methods", "fedavg,nope"], "no method 'nope'"), (["--seeds", "0"], "--seeds must be"),
-                           (["--bogus"], "unknown argument")):
+                           (["--bogus"], "unknown argument"), (["--upto", "20"], "--upto must be a round in 1..19")):
         proc = driver(tmp_path / "s", tiny_data, *extra)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert not (tmp_path / "s").exists()
