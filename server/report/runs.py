@@ -20,6 +20,7 @@ AVERAGED = "seed"  # runs differing only in these keys are the seeds of one conf
 # Overrides that say where or how a run is stored, never what it computes: not configuration keys, so runs started
 # one by one (each with its own run_dir) still group into configurations of seeds.
 STORAGE_KEYS = ("run_dir", "resume", "checkpoint_every", "data.cache_dir", "plots")
+HORIZON_KEYS = ("num_rounds", "eval_tail_at")  # with --upto T every run is read at T: not configuration keys
 FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES = "finished", "diverged", "incomplete", "no_replies"
 STATUSES = (FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES)
 
@@ -152,9 +153,10 @@ def only(runs: Sequence[Run], specs: Sequence[str]) -> list[Run]:
 
 
 def upto(runs: Sequence[Run], horizon: int) -> list[Run]:
-    """``--upto T``: every run as it stood after round T (its rows <= T; ``num_rounds`` is then no configuration
-    key). A run that got past T (finished, still running, or diverged later) is finished at T; one that stopped
-    before T is listed as not having reached it. ReportError (exit 2): T < 1."""
+    """``--upto T``: every run as it stood after round T (its rows <= T; the horizon keys ``num_rounds`` and
+    ``eval_tail_at`` are then no configuration keys). A run that got past T (finished, still running, or diverged
+    later) is finished at T; one that stopped before T is listed as not having reached it. ReportError (exit 2):
+    T < 1."""
     if horizon < 1:
         raise ReportError(f"--upto must be a round >= 1, got {horizon}")
     out = []
@@ -165,7 +167,7 @@ def upto(runs: Sequence[Run], horizon: int) -> list[Run]:
         status, reason = (FINISHED, "") if reached else (run.status, run.reason)
         if not reached and run.status == FINISHED:
             status, reason = INCOMPLETE, f"ended at round {run.last_round}, before --upto {horizon}"
-        params = {k: v for k, v in run.params.items() if k != "num_rounds"}
+        params = {k: v for k, v in run.params.items() if k not in HORIZON_KEYS}
         last = min(run.last_round, horizon) if run.last_round is not None else None
         out.append(Run(run.path, params, status, last, reason, rows, horizon if reached else run.num_rounds, run.seed))
     return out

@@ -72,7 +72,9 @@ def _check(key: str, check: Any, *args: Any) -> None:
 
 def _validate_eval_tail_at(cfg: dict[str, Any]) -> None:
     """``eval_tail_at``: a list of rounds 1..num_rounds (earlier horizons whose last eval_tail rounds are evaluated)."""
-    horizons = cfg.get("eval_tail_at") or []
+    horizons = cfg.get("eval_tail_at")
+    if horizons is None:
+        return
     if not isinstance(horizons, list | tuple):
         raise ConfigError(f"'eval_tail_at' must be a list of rounds, e.g. [5000], got {horizons!r}")
     for t in horizons:

@@ -61,6 +61,7 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["eval_tail_at=[0]"], "eval_tail_at"),
         (["num_rounds=10", "eval_tail_at=[11]"], "eval_tail_at"),
         (["eval_tail_at=5"], "eval_tail_at"),
+        (["eval_tail_at=0"], "eval_tail_at"),
         (["plots=sometimes"], "plots"),
         (["data.alpha=-1"], "data.alpha"),
         (["client.batch_size=0"], "client.batch_size"),

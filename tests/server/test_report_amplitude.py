@@ -177,7 +177,8 @@ def test_runs_started_one_by_one_group_by_configuration(tmp_path):
 
 def test_upto_reads_every_run_as_it_stood_at_an_earlier_horizon(tmp_path):
     """Runs of 40 rounds with both tails evaluated (eval_tail_at=[20]): --upto 20 gives the first tail's amplitude
-    and floor; a run still going past 20 counts, one that ended before 20 is listed; num_rounds is no key there."""
+    and floor; a run still going past 20 counts, one that ended before 20 is listed; num_rounds and eval_tail_at
+    are no keys there."""
     root = tmp_path / "runs"
     tail = 8  # 2 cycles of P = 4 before round 20 and before round 40
     amp_at = {20: [1.0, 2.0, 3.0], 40: [0.5, 0.25, 0.125]}
@@ -186,13 +187,14 @@ def test_upto_reads_every_run_as_it_stood_at_an_earlier_horizon(tmp_path):
                  "pop_gap": 0.1 * (seed + 1) + amp_at[20 if t <= 20 else 40][seed] * (((t - 1) % P) / (P - 1))}
                 for t in range(41) if t % 10 == 0 or 20 - tail < t <= 20 or t > 40 - tail]
         status = "running" if seed == 2 else "finished"  # still going: reached round 20 all the same
-        write_job(root, f"s{seed}", {"seed": seed, "num_rounds": 40 + seed}, rows,
+        horizon = {"eval_tail_at": "[20]"} if seed else {}  # run 0 was started without it: still the same config
+        write_job(root, f"s{seed}", {"seed": seed, "num_rounds": 40 + seed, **horizon}, rows,
                   status=status)
     write_job(root, "short", {"seed": 3, "num_rounds": 15}, series(15, 1.0, 0.1, tail=8))
     proc = report(root, "--metric", "pop_gap", "--last", "8", "--amplitude", "--upto", "20", "--out", tmp_path / "o")
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "o" / "report.csv") as f:
-        (row,) = list(csv.DictReader(f))  # num_rounds differs between the runs, yet one configuration
+        (row,) = list(csv.DictReader(f))  # num_rounds and eval_tail_at differ between the runs: one configuration
     assert int(row["runs"]) == 4 and int(row["finished"]) == 3 and int(row["incomplete"]) == 1
     assert float(row["pop_gap_amplitude_mean"]) == pytest.approx(np.mean(amp_at[20]), rel=1e-12)
     assert float(row["pop_gap_final_mean"]) == pytest.approx(np.mean([0.1 * (s + 1) + amp_at[20][s] for s in range(3)]))
