@@ -9,10 +9,10 @@ logits = W Xᵀ and ∇W = G X, i.e. 2 · 2ACBD flops; everything else in a step
 - a square float32 matrix product (n = 2048), the most this CPU's BLAS gets out of a core,
 
 both with one thread (the study runs one process per core), then prints the study's total flops (the default of
-``benchmarks/convex_study.py``: 550,000 final + 35,500 tuning rounds of 8 steps) and the time they need at each rate,
-with every core busy. The second figure is a floor no implementation on these cores goes below; the measured
-per-round time of a real run (``--runs``: run dirs, ``metrics.jsonl`` ``seconds`` of rounds without evaluation)
-is what the study costs today.
+``benchmarks/convex_study.py``, counted from its grids: 550,000 final + 39,500 tuning rounds of 8 steps) and the
+time they need at each rate, with every core busy. The second figure is a floor no implementation on these cores goes
+below; the measured per-round time of a real run (``--runs``: run dirs, ``metrics.jsonl`` ``seconds`` of rounds
+without evaluation) is what the study costs today.
 
     python benchmarks/convex_bound.py [--cores 2] [--repeat 200] [--runs RUN_DIR ...]
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -31,11 +32,26 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import convex_study  # noqa: E402
+
 from client.linear import BIAS, WEIGHT, LinearChunk  # noqa: E402
 
 A, B, C, D = 10, 64, 10, 3 * 32 * 32
 STEPS_PER_ROUND = 8  # one epoch of 500 examples at B = 64
-ROUNDS = 550_000 + 35_500  # convex_study.py's default: final (6 methods x 3 variants + 4 seed 001 methods) + tuning
+
+
+def study_rounds() -> int:
+    """Rounds of convex_study.py's default: final (6 methods x 3 variants + 4 seed 001 methods) + tuning grids."""
+    full, seed001_grid = convex_study.SCALES["full"], math.prod(len(v) for v in convex_study.ETA_GRID.values())
+    tune_jobs = sum(math.prod(len(v) for v in grid.values()) for grid in convex_study.GRIDS.values())
+    tune_jobs += len(convex_study.SEED001) * seed001_grid
+    final_jobs = (3 * len(convex_study.METHODS) + len(convex_study.SEED001)) * full["seeds"]
+    return final_jobs * full["rounds"] + tune_jobs * full["tune_rounds"]
+
+
+ROUNDS = study_rounds()
 
 
 def _best(fn, repeat: int) -> float:

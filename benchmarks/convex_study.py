@@ -49,10 +49,10 @@ METHODS = ("fedavg", "fedavgm", "fedcm", "ghbm", "localghbm", "fedhbm")
 SEED001 = ("localupdate_g0", "localupdate_gsmall", "localupdate_glarge", "localupdate_decay")
 CLIENT_LRS = (0.001, 0.003, 0.01)
 GRIDS: dict[str, dict[str, tuple[float, ...]]] = {  # server_lr x client_lr of stage 1 (FedCM: server_lr > 0)
-    "fedavg": {"strategy.server_lr": (0.5, 1.0, 1.5), "strategy.client_lr": CLIENT_LRS},
-    # FedAvgM and FedCM: client lrs extended past the edge where their best first sat (docs/convex.md, tuning)
-    "fedavgm": {"strategy.server_lr": (0.05, 0.1, 0.15),  # η/(1−β) ≈ 0.5..1.5
-                "strategy.client_lr": (*CLIENT_LRS, 0.03, 0.1)},
+    # FedAvg, FedAvgM, FedCM: grids extended past the edges where their best first sat (docs/convex.md, tuning)
+    "fedavg": {"strategy.server_lr": (0.5, 1.0, 2.0), "strategy.client_lr": (0.0003, *CLIENT_LRS)},
+    # FedAvgM's steady step is η Δ whatever β (Eq. 92's η(1 − β)): FedAvg's η range and above, not 1 − β
+    "fedavgm": {"strategy.server_lr": (1.0, 2.0, 3.0, 5.0), "strategy.client_lr": CLIENT_LRS},
     "fedcm": {"strategy.server_lr": (0.1, 0.3, 1.0), "strategy.client_lr": (0.003, 0.01, 0.03, 0.1)},
     "ghbm": {"strategy.server_lr": (0.5, 1.0, 1.5), "strategy.client_lr": CLIENT_LRS},
     "localghbm": {"strategy.server_lr": (0.5, 1.0, 1.5), "strategy.client_lr": CLIENT_LRS},

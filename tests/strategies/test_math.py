@@ -90,6 +90,17 @@ def test_fedavgm_matches_flower_sgd_momentum_convention():
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.5, 0.9, 0.99])
+def test_fedavgm_steady_step_is_server_lr_whatever_beta(beta):
+    """Eq. 92's eta (1 - beta) normalises the heavy ball: under a constant Delta the server moves eta Delta per
+    round, FedAvg's step at the same eta (so eta ~ 1 is FedAvgM's range, not 1 - beta; docs/convex.md)."""
+    eta, delta = 0.7, [np.array([1.0, -2.0, 0.5])]
+    x = prev = [np.zeros(3)]
+    for _ in range(math.ceil(math.log(1e-14) / math.log(beta)) + 2 if beta else 2):
+        x, prev = fm.fedavgm_server_update(x, prev, delta, eta, beta), x
+    np.testing.assert_allclose(x[0] - prev[0], -eta * delta[0], rtol=1e-10)  # rounding over ~3,200 rounds
+
+
 def test_localupdate_fedavg_theta_with_gamma_equal_eta_is_model_averaging():
     """Seed 001 Appendix A: Theta_{1:K}, gamma = eta gives x - eta * mean(sum g) = mean of local models."""
     rng = np.random.default_rng(2)
