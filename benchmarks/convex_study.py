@@ -52,7 +52,7 @@ GRIDS: dict[str, dict[str, tuple[float, ...]]] = {  # server_lr x client_lr of s
     # FedAvg, FedAvgM, FedCM: grids extended past the edges where their best first sat (docs/convex.md, tuning)
     "fedavg": {"strategy.server_lr": (0.5, 1.0, 2.0), "strategy.client_lr": (0.0003, *CLIENT_LRS)},
     # FedAvgM's steady step is η Δ whatever β (Eq. 92's η(1 − β)): FedAvg's η range and above, not 1 − β
-    "fedavgm": {"strategy.server_lr": (1.0, 2.0, 3.0, 5.0), "strategy.client_lr": CLIENT_LRS},
+    "fedavgm": {"strategy.server_lr": (2.0, 3.0, 5.0, 8.0), "strategy.client_lr": (0.0003, 0.001, 0.003)},
     "fedcm": {"strategy.server_lr": (0.1, 0.3, 1.0), "strategy.client_lr": (0.003, 0.01, 0.03, 0.1)},
     "ghbm": {"strategy.server_lr": (0.5, 1.0, 1.5), "strategy.client_lr": CLIENT_LRS},
     "localghbm": {"strategy.server_lr": (0.5, 1.0, 1.5), "strategy.client_lr": CLIENT_LRS},
