@@ -30,9 +30,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # convex_study.py: the study whose rounds are counted
 
 import convex_study  # noqa: E402
 
