@@ -132,7 +132,37 @@ def load_runs(sweep_dirs: Sequence[Path]) -> list[Run]:
     runs = [load_run(p) for d in sweep_dirs for p in job_dirs(Path(d))]
     if not runs:
         raise ReportError(f"no Hydra job directories (.hydra/overrides.yaml) under {', '.join(map(str, sweep_dirs))}")
+    fill_defaults(runs)
     return runs
+
+
+def _default(path: Path, key: str) -> str | None:
+    """The value a run had for an override key it did not set: its Hydra group choice, else its resolved config."""
+    hydra_file = path / ".hydra" / "hydra.yaml"
+    if hydra_file.exists():
+        runtime = ((yaml.safe_load(hydra_file.read_text()) or {}).get("hydra") or {}).get("runtime") or {}
+        choices = runtime.get("choices")
+        if isinstance(choices, dict) and isinstance(choices.get(key), str):
+            return choices[key]
+    cfg_file = path / "config.json"
+    node: Any = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return None if isinstance(node, (dict, list)) or node is None else str(node)
+
+
+def fill_defaults(runs: Sequence[Run]) -> None:
+    """Runs started one by one: a key that some runs set on the command line and others left at its default gets,
+    in those others, the default they ran with (e.g. ``participation=uniform`` against runs that kept the preset's
+    cyclic), so the key reads cyclic vs uniform instead of missing vs uniform."""
+    keys = [k for k in dict.fromkeys(k for r in runs for k in r.params)
+            if k not in STORAGE_KEYS and not k.startswith("hydra.")]
+    for run in runs:
+        for key in keys:
+            if key not in run.params and (value := _default(run.path, key)) is not None:
+                run.params[key] = value
 
 
 def only(runs: Sequence[Run], specs: Sequence[str]) -> list[Run]:

@@ -175,6 +175,32 @@ def test_runs_started_one_by_one_group_by_configuration(tmp_path):
     assert float(amplitude["mean_diff"]) == pytest.approx(np.mean(np.array(AMPS["b"]) - AMPS["a"]), rel=1e-9)
 
 
+def test_a_key_left_at_its_default_reads_the_default_the_run_had(tmp_path):
+    """Cyclic runs started with the preset's participation group (no override) against runs started with
+    participation=uniform strategy.client_lr=0.1 (the default): the cyclic runs read their Hydra group choice and
+    their resolved client lr, so participation compares cyclic vs uniform and the lr is no swept key."""
+    root = tmp_path / "runs"
+    for mode, amps in (("cyclic", AMPS["a"]), ("uniform", AMPS["b"])):
+        for seed, amp in enumerate(amps):
+            params = {"seed": seed} if mode == "cyclic" else {"participation": mode, "strategy.client_lr": 0.1,
+                                                                "seed": seed}
+            job = write_job(root, f"{mode}{seed}", params, series(40, amp, 0.01, tail=12), mode=mode)
+            hydra = {"hydra": {"runtime": {"choices": {"participation": mode, "strategy": "fedavgm"}}}}
+            (job / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
+            cfg = json.loads((job / "config.json").read_text())
+            (job / "config.json").write_text(json.dumps({**cfg, "strategy": {"client_lr": 0.1}}))
+    proc = report(root, "--metric", "pop_gap", "--last", "4", "--amplitude", "--period", str(P), "--compare",
+                  "participation=cyclic", "participation=uniform", "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "out" / "report.csv") as f:
+        rows = {r["participation"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"cyclic", "uniform"} and "strategy.client_lr" not in rows["cyclic"]
+    with open(tmp_path / "out" / "compare.csv") as f:
+        amplitude = next(r for r in csv.DictReader(f) if r["value"] == "amplitude")
+    assert int(amplitude["n"]) == 3
+    assert float(amplitude["mean_diff"]) == pytest.approx(np.mean(np.array(AMPS["b"]) - AMPS["a"]), rel=1e-9)
+
+
 def test_upto_reads_every_run_as_it_stood_at_an_earlier_horizon(tmp_path):
     """Runs of 40 rounds with both tails evaluated (eval_tail_at=[20]): --upto 20 gives the first tail's amplitude
     and floor; a run still going past 20 counts, one that ended before 20 is listed; num_rounds and eval_tail_at
