@@ -136,33 +136,52 @@ def load_runs(sweep_dirs: Sequence[Path]) -> list[Run]:
     return runs
 
 
-def _default(path: Path, key: str) -> str | None:
-    """The value a run had for an override key it did not set: its Hydra group choice, else its resolved config."""
-    hydra_file = path / ".hydra" / "hydra.yaml"
-    if hydra_file.exists():
-        runtime = ((yaml.safe_load(hydra_file.read_text()) or {}).get("hydra") or {}).get("runtime") or {}
-        choices = runtime.get("choices")
-        if isinstance(choices, dict) and isinstance(choices.get(key), str):
-            return choices[key]
-    cfg_file = path / "config.json"
-    node: Any = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
-    for part in key.split("."):
+_MISSING = object()
+
+
+def _config_value(config: Any, dotted: str) -> Any:
+    """The value at a dotted key of a run's config.json (a config group name gives its node), else _MISSING."""
+    node = config
+    for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return _MISSING
         node = node[part]
-    return None if isinstance(node, (dict, list)) or node is None else str(node)
+    return node
+
+
+def _read_config(path: Path) -> Any:
+    cfg_file = path / "config.json"
+    return json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+
+
+def _group_choices(path: Path) -> dict[str, Any]:
+    """The run's Hydra group choices (``.hydra/hydra.yaml`` runtime.choices); {} when absent or unreadable."""
+    hydra_file = path / ".hydra" / "hydra.yaml"
+    try:
+        record = yaml.safe_load(hydra_file.read_text()) if hydra_file.exists() else None
+    except yaml.YAMLError:
+        return {}
+    runtime = ((record if isinstance(record, dict) else {}).get("hydra") or {}).get("runtime") or {}
+    choices = runtime.get("choices") if isinstance(runtime, dict) else None
+    return choices if isinstance(choices, dict) else {}
 
 
 def fill_defaults(runs: Sequence[Run]) -> None:
     """Runs started one by one: a key that some runs set on the command line and others left at its default gets,
-    in those others, the default they ran with (e.g. ``participation=uniform`` against runs that kept the preset's
-    cyclic), so the key reads cyclic vs uniform instead of missing vs uniform."""
+    in those others, the default they ran with — its Hydra group choice, else its scalar value in the resolved
+    config (e.g. ``participation=uniform`` against runs that kept the preset's cyclic: cyclic vs uniform instead
+    of missing vs uniform). A key a run's files do not give stays missing."""
     keys = [k for k in dict.fromkeys(k for r in runs for k in r.params)
             if k not in STORAGE_KEYS and not k.startswith("hydra.")]
     for run in runs:
-        for key in keys:
-            if key not in run.params and (value := _default(run.path, key)) is not None:
-                run.params[key] = value
+        missing = [k for k in keys if k not in run.params]
+        if not missing:
+            continue
+        choices, config = _group_choices(run.path), _read_config(run.path)
+        for key in missing:
+            value = choices[key] if isinstance(choices.get(key), str) else _config_value(config, key)
+            if value is not _MISSING and value is not None and not isinstance(value, (dict, list)):
+                run.params[key] = str(value)
 
 
 def only(runs: Sequence[Run], specs: Sequence[str]) -> list[Run]:
@@ -213,13 +232,7 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
 
 def _in_config(run: Run, dotted: str) -> bool:
     """Whether the run's config.json has the dotted key (a config group name like "strategy" counts)."""
-    cfg_file = run.path / "config.json"
-    node: Any = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return _config_value(_read_config(run.path), dotted) is not _MISSING
 
 
 def check_keys(runs: Sequence[Run], swept: Sequence[str], keys: Sequence[str], option: str) -> None:

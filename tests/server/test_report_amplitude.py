@@ -201,6 +201,20 @@ def test_a_key_left_at_its_default_reads_the_default_the_run_had(tmp_path):
     assert float(amplitude["mean_diff"]) == pytest.approx(np.mean(np.array(AMPS["b"]) - AMPS["a"]), rel=1e-9)
 
 
+def test_an_unreadable_hydra_record_leaves_the_key_missing(tmp_path):
+    """A broken .hydra/hydra.yaml (or none) and a config without the key: nothing is filled in, nothing raises."""
+    from server.report.runs import load_runs
+
+    root = tmp_path / "runs"
+    write_job(root, "set", {"participation": "uniform", "seed": 0}, series(40, 1.0, 0.01, tail=12))
+    broken = write_job(root, "broken", {"seed": 1}, series(40, 1.0, 0.01, tail=12))
+    (broken / ".hydra" / "hydra.yaml").write_text("hydra: {runtime: [unclosed")
+    write_job(root, "none", {"seed": 2}, series(40, 1.0, 0.01, tail=12))
+    runs = {r.path.name: r for r in load_runs([root])}
+    assert runs["set"].params["participation"] == "uniform"
+    assert "participation" not in runs["broken"].params and "participation" not in runs["none"].params
+
+
 def test_upto_reads_every_run_as_it_stood_at_an_earlier_horizon(tmp_path):
     """Runs of 40 rounds with both tails evaluated (eval_tail_at=[20]): --upto 20 gives the first tail's amplitude
     and floor; a run still going past 20 counts, one that ended before 20 is listed; num_rounds and eval_tail_at
