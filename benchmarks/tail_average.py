@@ -1,0 +1,139 @@
+"""f at the average of a run's last P server models against f at each of them: is server momentum a cycle average?
+
+Under cyclic participation the server model of FedAvg oscillates with the period P = 1/C of the schedule (seed 000,
+Lemma III.4) around a point that no single iterate reaches; heavy-ball momentum (FedAvgM) low-pass filters that
+oscillation. This script measures how much of a run's ``pop_gap`` floor is the oscillation: for each finished
+convex run (``model=logreg``, ``eval_gap=true``; docs/convex.md) it
+
+1. copies the run directory to ``--out`` and continues the copy one round at a time to round T + P with the run's
+   own Hydra overrides (``resume=true``: exact resume, so these are the rounds the run itself would have made),
+   keeping each round's ``final_model.npz``;
+2. evaluates, in float64 with the run's own objective and f* (``server.convex.optimum.PopulationGap``), the gap
+   f(x^t) − f* of each of the P models and the gap of their mean, f(x̄) − f* with x̄ = (1/P) Σ_t x^t.
+
+f is convex, so f(x̄) ≤ mean f(x^t) (Jensen); the difference is what averaging the cycle's iterates removes. It prints
+one JSON line per run and, over the runs, mean ± 95 % CI (Student t) of both gaps and their paired difference.
+
+    python benchmarks/tail_average.py RUN_DIR [RUN_DIR ...] --out DIR [--period P]
+
+P defaults to 1/``participation.fraction`` of a cyclic run. Bad input (a directory that is no finished convex run
+with a checkpoint, P < 1, fewer than 2 runs for a CI is only a note): one line, exit 2, before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project
+
+from server.report.stats import paired, summarise  # noqa: E402
+
+SIMULATION = Path(sys.executable).parent / "flower-simulation"
+RESUME_TIMEOUT = 900  # seconds for one resumed round (start-up, f* check, one round, evaluation)
+DROPPED = ("num_rounds=", "checkpoint_every=", "plots=", "hydra.run.dir=", "resume=")
+
+
+def check_run(run: Path, period: int | None) -> tuple[dict[str, Any], list[str], int, int]:
+    """The run's config, its Hydra overrides, its last round T and the period P; ValueError names what is wrong."""
+    for needed in ("config.json", "status.json", ".hydra/overrides.yaml", "checkpoint/state.json"):
+        if not (run / needed).is_file():
+            raise ValueError(f"{run}: no {needed} (not a run directory with a checkpoint)")
+    cfg = json.loads((run / "config.json").read_text())
+    status = json.loads((run / "status.json").read_text())
+    if status.get("status") != "finished":
+        raise ValueError(f"{run}: status {status.get('status')!r}, not a finished run")
+    if cfg["model"]["name"] != "logreg" or not cfg.get("eval_gap"):
+        raise ValueError(f"{run}: needs model=logreg with eval_gap=true (f* and pop_gap), got "
+                         f"model={cfg['model']['name']} eval_gap={cfg.get('eval_gap')}")
+    last = int(json.loads((run / "checkpoint/state.json").read_text())["round"])
+    if last != int(status.get("round", -1)):
+        raise ValueError(f"{run}: checkpoint at round {last}, run ended at {status.get('round')}: "
+                         "give checkpoint_every a divisor of num_rounds")
+    if period is None:
+        part = cfg["participation"]
+        if part.get("mode") != "cyclic":
+            raise ValueError(f"{run}: not a cyclic run; give --period")
+        period = round(1 / float(part["fraction"]))
+    overrides = [line[2:].strip() for line in (run / ".hydra/overrides.yaml").read_text().splitlines()
+                 if line.startswith("- ")]
+    return cfg, [o for o in overrides if not o.startswith(DROPPED)], last, period
+
+
+def continue_run(run: Path, out: Path, overrides: list[str], last: int, period: int) -> list[Path]:
+    """Copy ``run`` into ``out`` and resume it one round at a time to ``last + period``; each round's model file."""
+    copy = out / run.name
+    models = [copy / f"model_{last + k}.npz" for k in range(1, period + 1)]
+    if all(m.is_file() for m in models):
+        return models  # an earlier call finished this run
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(run, copy)
+    for k, model in enumerate(models, start=1):
+        cmd = [str(SIMULATION), *overrides, f"num_rounds={last + k}", "checkpoint_every=1", "resume=true",
+               "plots=false", f"hydra.run.dir={copy}"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RESUME_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{run}: resuming to round {last + k} took over {RESUME_TIMEOUT} s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"{run}: resuming to round {last + k} failed (exit {proc.returncode}): "
+                               f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        shutil.copy(copy / "final_model.npz", model)
+    return models
+
+
+def gaps(cfg: dict[str, Any], models: list[Path]) -> tuple[list[float], float]:
+    """f(x^t) − f* of each model and f(x̄) − f* of their mean, float64, the run's own objective."""
+    from server.convex.optimum import PopulationGap
+    from server.run.build import server_dataset
+
+    gap = PopulationGap(cfg, server_dataset(cfg))
+    arrays = []
+    for path in models:
+        with np.load(path) as npz:
+            arrays.append({key: np.asarray(npz[key], dtype=np.float64) for key in npz.files})
+    mean = {key: np.mean([a[key] for a in arrays], axis=0) for key in arrays[0]}
+    return [float(gap(a)) for a in arrays], float(gap(mean))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="finished convex run directories")
+    parser.add_argument("--out", type=Path, required=True, help="where the continued copies are kept")
+    parser.add_argument("--period", type=int, default=None, help="P: rounds averaged (default 1/C, cyclic)")
+    args = parser.parse_args(argv)
+    try:
+        if args.period is not None and args.period < 1:
+            raise ValueError(f"--period must be >= 1, got {args.period}")
+        checked = [(run, *check_run(run, args.period)) for run in args.runs]
+    except (ValueError, KeyError, json.JSONDecodeError) as err:
+        print(f"tail_average: {err}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    per_round_means, of_mean = [], []
+    for run, cfg, overrides, last, period in checked:
+        each, averaged = gaps(cfg, continue_run(run, args.out, overrides, last, period))
+        per_round_means.append(float(np.mean(each)))
+        of_mean.append(averaged)
+        print(json.dumps({"run": str(run), "rounds": [last + 1, last + period], "gaps": each,
+                          "mean_gap": per_round_means[-1], "gap_of_mean_model": averaged}), flush=True)
+    if len(checked) < 2:
+        print("(one run: no confidence interval)")
+        return 0
+    for name, values in (("mean gap over the P rounds", per_round_means), ("gap of the P rounds' mean model", of_mean)):
+        s = summarise(values)
+        print(f"{name}: {s.mean:.5g} ± {s.ci:.2g} (95 % CI, n = {s.n})")
+    d = paired(per_round_means, of_mean)
+    print(f"averaging removes {-d.mean:.5g} ± {d.ci:.2g} (paired, p = {d.p:.2g})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""benchmarks/tail_average.py: the continued rounds are the run's own (their gaps are the pop_gap an uninterrupted run
+logs), the averaged model's gap obeys Jensen, and bad input is one line with exit 2 before any work."""
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import IN_PROCESS, run_cli, sim_args
+
+from server.report.metrics import read_metrics
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tail_average.py"
+CONVEX = ("model=logreg", "client.weight_decay=0.01", "client.augment=false", "eval_train=true", "eval_gap=true",
+          "eval_every=1", *IN_PROCESS)
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("tail_average", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(data, run_dir, rounds):
+    proc = run_cli("flower-simulation", sim_args(data, run_dir, *CONVEX, f"num_rounds={rounds}",
+                                                 "checkpoint_every=1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.e2e
+def test_continued_rounds_are_the_runs_own_and_averaging_obeys_jensen(tiny_data, tmp_path, capsys):
+    """A 3-round run continued by P = 2 (1/C) rounds gives, for rounds 4 and 5, the pop_gap that one uninterrupted
+    5-round run logs; the gap of the two models' mean is at most their mean gap."""
+    short, full = _run(tiny_data, tmp_path / "short", 3), _run(tiny_data, tmp_path / "full", 5)
+    assert _script().main([str(short), "--out", str(tmp_path / "out")]) == 0
+    (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines() if text.startswith("{")]
+    logged = {row["round"]: row["pop_gap"] for row in read_metrics(full)}
+    assert line["rounds"] == [4, 5]
+    assert line["gaps"] == pytest.approx([logged[4], logged[5]], rel=1e-9, abs=1e-12)
+    assert line["mean_gap"] == pytest.approx(np.mean(line["gaps"]), rel=1e-12)
+    assert 0 <= line["gap_of_mean_model"] <= line["mean_gap"] + 1e-12
+    final = np.load(full / "final_model.npz")
+    continued = np.load(tmp_path / "out" / "short" / "model_5.npz")
+    assert all(np.array_equal(final[key], continued[key]) for key in final.files)  # exact resume, bitwise
+    assert not (short / "model_4.npz").exists() and read_metrics(short)[-1]["round"] == 3  # the original untouched
+
+
+@pytest.mark.e2e
+def test_bad_input_is_one_line_and_exit_2(tiny_data, tmp_path, capsys):
+    run = _run(tiny_data, tmp_path / "run", 2)
+    running = tmp_path / "running"
+    shutil.copytree(run, running)
+    (running / "status.json").write_text(json.dumps({"status": "running", "round": 1, "reason": ""}))
+    script = _script()
+    cases = {(str(tmp_path / "nothing"),): "no config.json",
+             (str(run), "--period", "0"): "--period must be >= 1",
+             (str(run), str(running)): "not a finished run"}
+    for args, message in cases.items():
+        assert script.main([*args, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("tail_average: ") and message in err[0], err
+    assert not (tmp_path / "out").exists()  # refused before any work
