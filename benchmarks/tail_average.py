@@ -12,9 +12,13 @@ convex run (``model=logreg``, ``eval_gap=true``; docs/convex.md) it
    f(x^t) − f* of each of the P models and the gap of their mean, f(x̄) − f* with x̄ = (1/P) Σ_t x^t.
 
 f is convex, so f(x̄) ≤ mean f(x^t) (Jensen); the difference is what averaging the cycle's iterates removes. It prints
-one JSON line per run and, over the runs, mean ± 95 % CI (Student t) of both gaps and their paired difference.
+one JSON line per run and, over the seeds of each configuration (run directories whose names differ only in
+``_seedN``), mean ± 95 % CI (Student t) of both gaps and their paired difference.
 
-    python benchmarks/tail_average.py RUN_DIR [RUN_DIR ...] --out DIR [--period P]
+    python benchmarks/tail_average.py RUN_DIR [RUN_DIR ...] --out DIR [--period P] [--plot FILE.png]
+
+``--plot`` draws each run's gap over the P continued rounds (log scale) and, dashed in the same colour, the gap of
+their mean model; runs whose directory names differ only in ``_seedN`` share a colour.
 
 P defaults to 1/``participation.fraction`` of a cyclic run. Bad input (a directory that is no finished convex run
 with a checkpoint, P < 1, fewer than 2 runs for a CI is only a note): one line, exit 2, before any work.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -103,11 +108,45 @@ def gaps(cfg: dict[str, Any], models: list[Path]) -> tuple[list[float], float]:
     return [float(gap(a)) for a in arrays], float(gap(mean))
 
 
+def group_of(name: str) -> str:
+    """A run directory's name without its ``_seedN`` suffix: the runs whose statistics are pooled."""
+    return re.sub(r"_seed\d+$", "", name)
+
+
+def plot(curves: list[tuple[str, list[int], list[float], float]], path: Path) -> None:
+    """Each run's per-round gaps (solid) and the gap of its mean model (dashed), one colour per run group."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys(group_of(name) for name, *_ in curves))
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for name, rounds, each, averaged in curves:
+        group = group_of(name)
+        colour = colours(groups.index(group) % 10)
+        first = name == next(n for n, *_ in curves if group_of(n) == group)
+        ax.plot(rounds, each, color=colour, lw=1, alpha=0.7, label=f"{group}: f(x^t) − f*" if first else None)
+        ax.hlines(averaged, rounds[0], rounds[-1], colors=[colour], linestyles="dashed", lw=1.2,
+                  label=f"{group}: f(mean of the {len(rounds)} models) − f*" if first else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("pop_gap")
+    ax.set_title("One cycle past the end of each run: per-round gap and the gap of the cycle's mean model", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="finished convex run directories")
     parser.add_argument("--out", type=Path, required=True, help="where the continued copies are kept")
     parser.add_argument("--period", type=int, default=None, help="P: rounds averaged (default 1/C, cyclic)")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of the per-round gaps and the averaged ones")
     args = parser.parse_args(argv)
     try:
         if args.period is not None and args.period < 1:
@@ -117,21 +156,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tail_average: {err}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    per_round_means, of_mean = [], []
+    per_round_means, of_mean, curves = [], [], []
     for run, cfg, overrides, last, period in checked:
         each, averaged = gaps(cfg, continue_run(run, args.out, overrides, last, period))
+        curves.append((run.name, list(range(last + 1, last + period + 1)), each, averaged))
         per_round_means.append(float(np.mean(each)))
         of_mean.append(averaged)
         print(json.dumps({"run": str(run), "rounds": [last + 1, last + period], "gaps": each,
                           "mean_gap": per_round_means[-1], "gap_of_mean_model": averaged}), flush=True)
-    if len(checked) < 2:
-        print("(one run: no confidence interval)")
-        return 0
-    for name, values in (("mean gap over the P rounds", per_round_means), ("gap of the P rounds' mean model", of_mean)):
-        s = summarise(values)
-        print(f"{name}: {s.mean:.5g} ± {s.ci:.2g} (95 % CI, n = {s.n})")
-    d = paired(per_round_means, of_mean)
-    print(f"averaging removes {-d.mean:.5g} ± {d.ci:.2g} (paired, p = {d.p:.2g})")
+    if args.plot is not None:
+        plot(curves, args.plot)
+    by_group: dict[str, list[int]] = {}
+    for i, (name, *_) in enumerate(curves):
+        by_group.setdefault(group_of(name), []).append(i)
+    for group, members in by_group.items():
+        if len(members) < 2:
+            print(f"{group}: one run, no confidence interval")
+            continue
+        means, averaged = [per_round_means[i] for i in members], [of_mean[i] for i in members]
+        for name, values in (("mean gap over the P rounds", means), ("gap of the P rounds' mean model", averaged)):
+            s = summarise(values)
+            print(f"{group}: {name}: {s.mean:.5g} ± {s.ci:.2g} (95 % CI, n = {s.n})")
+        d = paired(means, averaged)
+        print(f"{group}: averaging removes {-d.mean:.5g} ± {d.ci:.2g} (paired, p = {d.p:.2g})")
     return 0
 
 

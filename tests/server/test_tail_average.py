@@ -36,7 +36,7 @@ def test_continued_rounds_are_the_runs_own_and_averaging_obeys_jensen(tiny_data,
     """A 3-round run continued by P = 2 (1/C) rounds gives, for rounds 4 and 5, the pop_gap that one uninterrupted
     5-round run logs; the gap of the two models' mean is at most their mean gap."""
     short, full = _run(tiny_data, tmp_path / "short", 3), _run(tiny_data, tmp_path / "full", 5)
-    assert _script().main([str(short), "--out", str(tmp_path / "out")]) == 0
+    assert _script().main([str(short), "--out", str(tmp_path / "out"), "--plot", str(tmp_path / "tail.png")]) == 0
     (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines() if text.startswith("{")]
     logged = {row["round"]: row["pop_gap"] for row in read_metrics(full)}
     assert line["rounds"] == [4, 5]
@@ -46,6 +46,7 @@ def test_continued_rounds_are_the_runs_own_and_averaging_obeys_jensen(tiny_data,
     final = np.load(full / "final_model.npz")
     continued = np.load(tmp_path / "out" / "short" / "model_5.npz")
     assert all(np.array_equal(final[key], continued[key]) for key in final.files)  # exact resume, bitwise
+    assert (tmp_path / "tail.png").stat().st_size > 0
     assert not (short / "model_4.npz").exists() and read_metrics(short)[-1]["round"] == 3  # the original untouched
 
 
