@@ -20,8 +20,9 @@ one JSON line per run and, over the seeds of each configuration (run directories
 ``--plot`` draws each run's gap over the P continued rounds (log scale) and, dashed in the same colour, the gap of
 their mean model; runs whose directory names differ only in ``_seedN`` share a colour.
 
-P defaults to 1/``participation.fraction`` of a cyclic run. Bad input (a directory that is no finished convex run
-with a checkpoint, P < 1, fewer than 2 runs for a CI is only a note): one line, exit 2, before any work.
+P defaults to 1/``participation.fraction`` of a cyclic run. Bad input (a directory that is not a finished convex run
+with a checkpoint, a run that is not cyclic without ``--period``, P < 1, two runs with the same directory name, whose
+copies would collide in ``--out``): one line, exit 2, before any work. A configuration with one run gets no CI.
 """
 
 from __future__ import annotations
@@ -151,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.period is not None and args.period < 1:
             raise ValueError(f"--period must be >= 1, got {args.period}")
+        names = [run.name for run in args.runs]
+        if len(set(names)) < len(names):
+            raise ValueError(f"two runs share a directory name (their copies in --out would collide): {names}")
         checked = [(run, *check_run(run, args.period)) for run in args.runs]
     except (ValueError, KeyError, json.JSONDecodeError) as err:
         print(f"tail_average: {err}", file=sys.stderr)

@@ -59,7 +59,8 @@ def test_bad_input_is_one_line_and_exit_2(tiny_data, tmp_path, capsys):
     script = _script()
     cases = {(str(tmp_path / "nothing"),): "no config.json",
              (str(run), "--period", "0"): "--period must be >= 1",
-             (str(run), str(running)): "not a finished run"}
+             (str(run), str(running)): "not a finished run",
+             (str(run), str(running / ".." / "run")): "share a directory name"}
     for args, message in cases.items():
         assert script.main([*args, "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
