@@ -25,6 +25,7 @@ COLUMNS = (
     "elapsed",
     "num_refused", "num_reassigned", "num_silent",
     "pop_gap",
+    "avg_accuracy", "avg_loss", "avg_pop_loss", "avg_pop_accuracy", "avg_pop_gap",  # eval_average: mean of last W
 )
 
 
@@ -92,7 +93,8 @@ def plot_run(run_dir: Path | str) -> list[Path]:
     rows = read_metrics(run_dir)
     out = []
     panels = [
-        ("accuracy.png", [("accuracy", "test accuracy"), ("pop_accuracy", "population train accuracy")], "accuracy"),
+        ("accuracy.png", [("accuracy", "test accuracy"), ("pop_accuracy", "population train accuracy"),
+                          ("avg_accuracy", "test accuracy, mean of the last W models")], "accuracy"),
         ("loss.png", [("loss", "test loss"), ("train_loss", "train loss"), ("loss_before", "loss before training"),
                       ("pop_loss", "population train loss f(x)")], "loss"),
         ("lr.png", [("server_lr", "server lr"), ("client_lr", "client lr")], "learning rate"),
@@ -133,6 +135,9 @@ def plot_gap(rows: list[dict[str, Any]], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(6, 4))
     positive = y > 0
     ax.plot(x[positive], y[positive], marker="." if len(x) < 50 else None, label="f(x^t) − f*")
+    xa, ya = _series(rows, "avg_pop_gap")
+    if (ya > 0).any():  # eval_average: f at the mean of the last W server models
+        ax.plot(xa[ya > 0], ya[ya > 0], "--", marker="." if len(xa) < 50 else None, label="f(mean of last W) − f*")
     if not positive.all():
         ax.plot(x[~positive], np.full((~positive).sum(), y[positive].min() if positive.any() else 1e-12), "v",
                 color="grey", label="≤ 0 (at f* to rounding)")

@@ -27,6 +27,7 @@ from server.report.metrics import MetricsWriter, plot_run
 from server.run import build, checkpoint
 from server.run import config as config_lib
 from server.run.progress import ProgressGrid, format_duration
+from server.run.window import ModelWindow, split_arrays
 from strategies import protocol
 from strategies.client_manager import NoNodesError
 
@@ -47,8 +48,9 @@ def _metric(metrics: Any, key: str) -> float | None:
     return float(metrics[key]) if metrics is not None and key in metrics else None
 
 
-def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any) -> int:
-    """Load the checkpoint into the strategy; the last completed round (0 when starting fresh)."""
+def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWindow) -> int:
+    """Load the checkpoint into the strategy and the model window; the last completed round (0 when starting
+    fresh)."""
     loaded = checkpoint.load(run_dir) if cfg.get("resume") else None
     if loaded is None:
         if cfg.get("resume"):
@@ -58,7 +60,12 @@ def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any) -> int:
     for key in ("strategy", "model", "num_clients", "participation", "seed"):
         if state["config"].get(key) != cfg.get(key):
             raise config_lib.ConfigError(f"cannot resume: '{key}' differs from the checkpoint's run")
-    strategy.load_state_dict(state["strategy"], arrays)
+    strategy_arrays, window_arrays = split_arrays(arrays)
+    strategy.load_state_dict(state["strategy"], strategy_arrays)
+    window.load(state.get("window", []), window_arrays)
+    if window.size and not window.full() and int(state["round"]) >= window.size:
+        log(WARNING, "eval_average=%d: the checkpoint holds the models of rounds %s only; the averaged columns "
+            "start again once %d consecutive rounds are in", window.size, window.rounds or "none", window.size)
     log(INFO, "Resuming %s after round %d", run_dir, state["round"])
     return int(state["round"])
 
@@ -97,7 +104,8 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
     dataset = build.server_dataset(cfg)
     strategy = build.build_strategy(cfg, num_train=build.train_size(dataset))
-    start = _resume(cfg, run_dir, strategy)
+    window = ModelWindow(int(cfg.get("eval_average", 0)))  # the last W server models (eval_average)
+    start = _resume(cfg, run_dir, strategy, window)
     arrays = strategy.model_record() if start else build.initial_model(cfg)
     if not start:
         build.save_partition_summary(cfg, dataset, run_dir)
@@ -129,6 +137,7 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             manager.note_replies(rnd, messages, replies, grid)
             metrics.update(manager.round_counts(rnd))
         arrays = new_arrays if new_arrays is not None else arrays
+        window.push(rnd, arrays)
         row = {
             "round": rnd,
             "server_lr": _metric(metrics, "server-lr"),
@@ -151,6 +160,8 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             row.update(evaluator.metrics(arrays))
             if not math.isfinite(row["loss"]):
                 diverged = f"the test loss of the global model is {row['loss']}"
+            elif window.full():  # the mean of the last W server models (seed 000's cycle, docs/convex.md)
+                row.update({f"avg_{k}": v for k, v in evaluator.metrics(window.mean()).items()})
         row["seconds"] = time.time() - t0
         row["elapsed"] = time.time() - t_run
         writer.append(row)
@@ -163,12 +174,15 @@ def _run(grid: Grid, cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
                                   f"the last checkpoint are in {run_dir}")
         if rnd % ckpt_every == 0 or rnd == num_rounds:
             meta, state_arrays = strategy.state_dict()
-            checkpoint.save(run_dir, rnd, meta, state_arrays, cfg)
+            window_rounds, window_arrays = window.state()
+            checkpoint.save(run_dir, rnd, meta, {**state_arrays, **window_arrays}, cfg, window_rounds)
             strategy.checkpoint_saved(rnd)
     if cfg["plots"]:
         plot_run(run_dir)
     final = {k: v.numpy() for k, v in arrays.items()}
     np.savez(run_dir / "final_model.npz", **final)
+    if window.full():  # the mean of the last W models, in the model's dtypes
+        np.savez(run_dir / "final_model_avg.npz", **{k: v.astype(final[k].dtype) for k, v in window.mean().items()})
     last = writer.rows[-1] if writer.rows else {}
     summary = {"run_dir": str(run_dir), "rounds": num_rounds, "accuracy": last.get("accuracy"),
                "loss": last.get("loss"), "seconds": time.time() - t_run}
@@ -193,6 +207,14 @@ def _pop_text(row: dict[str, Any]) -> str:
     return f" pop_loss {row['pop_loss']:.4f} pop_accuracy {row['pop_accuracy']:.4f}{gap}"
 
 
+def _avg_text(row: dict[str, Any]) -> str:
+    """' avg_accuracy … avg_loss … [avg_pop_gap …]' when the mean of the last eval_average models was evaluated."""
+    if row.get("avg_accuracy") is None:
+        return ""
+    gap = f" avg_pop_gap {row['avg_pop_gap']:.4e}" if row.get("avg_pop_gap") is not None else ""
+    return f" avg_accuracy {row['avg_accuracy']:.4f} avg_loss {row['avg_loss']:.4f}{gap}"
+
+
 def _divergence(strategy: Any) -> str:
     """Why the run counts as diverged ('' when it does not): only the *global* model decides.
 
@@ -215,7 +237,7 @@ def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any], eta: float | N
         "rejected %d failures %d skipped %d refused %d reassigned %d silent %d %.1fs%s%s", rnd, num_rounds,
         fmt("accuracy"), fmt("loss"), fmt("train_loss"), fmt("server_lr", ".4g"), fmt("client_lr", ".4g"),
         row["num_replies"], row["num_selected"], row["num_rejected"], row["num_failures"], row["num_skipped"],
-        row["num_refused"], row["num_reassigned"], row["num_silent"], row["seconds"], _pop_text(row),
+        row["num_refused"], row["num_reassigned"], row["num_silent"], row["seconds"], _pop_text(row) + _avg_text(row),
         f", run ETA {'?' if eta is None else format_duration(eta)}" if rnd < num_rounds else "")
 
 

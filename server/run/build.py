@@ -192,33 +192,39 @@ class Evaluator:
 
             self.gap = PopulationGap(cfg, ds)
 
-    def __call__(self, arrays: ArrayRecord) -> tuple[float, float]:
+    def __call__(self, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> tuple[float, float]:
         """(test loss, test accuracy)."""
-        load_arrays(self.model, {k: v.numpy() for k, v in arrays.items()})
+        load_arrays(self.model, _numpy(arrays))
         with torch.no_grad():
             loss, acc, _ = evaluate_examples(self.model, self.test, self.max_examples)
         return float(loss), float(acc)
 
-    def population(self, arrays: ArrayRecord) -> tuple[float, float]:
+    def population(self, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> tuple[float, float]:
         """(population train loss f(x), population train accuracy): means over clients of their means."""
-        load_arrays(self.model, {k: v.numpy() for k, v in arrays.items()})
+        load_arrays(self.model, _numpy(arrays))
         per_client = [evaluate_examples(self.model, examples, self.per_client_max)[:2]
                       for examples in self.partitions]
         loss, acc = np.mean(np.asarray(per_client, dtype=np.float64), axis=0)
         return float(loss), float(acc)
 
-    def metrics(self, arrays: ArrayRecord) -> dict[str, float]:
+    def metrics(self, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> dict[str, float]:
         """Metrics-row entries: ``loss``, ``accuracy`` and, with ``eval_train``, ``pop_loss``, ``pop_accuracy``
-        (and with ``eval_gap``, ``pop_gap``)."""
-        row = dict(zip(("loss", "accuracy"), self(arrays)))
+        (and with ``eval_gap``, ``pop_gap``). Numpy arrays are evaluated as given: a float64 model (the window's
+        mean) gets its ``pop_gap`` in float64 and its test metrics in the model's float32."""
+        values = _numpy(arrays)
+        row = dict(zip(("loss", "accuracy"), self(values)))
         if self.gap is not None and not self.per_client_max:  # every example: f's float64 pass gives all three
-            row.update(self.gap.with_population({k: v.numpy() for k, v in arrays.items()}))
+            row.update(self.gap.with_population(values))
             return row
         if self.partitions is not None:
-            row.update(zip(("pop_loss", "pop_accuracy"), self.population(arrays)))
+            row.update(zip(("pop_loss", "pop_accuracy"), self.population(values)))
         if self.gap is not None:
-            row["pop_gap"] = self.gap({k: v.numpy() for k, v in arrays.items()})
+            row["pop_gap"] = self.gap(values)
         return row
+
+
+def _numpy(arrays: ArrayRecord | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v.numpy() if hasattr(v, "numpy") else np.asarray(v) for k, v in arrays.items()}
 
 
 def prepare_data(cfg: dict[str, Any]) -> None:

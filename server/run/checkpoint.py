@@ -16,8 +16,9 @@ CHECKPOINT = "checkpoint"
 
 
 def save(run_dir: Path, server_round: int, strategy_meta: dict[str, Any], arrays: dict[str, np.ndarray],
-         config: dict[str, Any]) -> Path:
-    """Write <run_dir>/checkpoint atomically (a temporary folder renamed over the old one)."""
+         config: dict[str, Any], window: list[int] | None = None) -> Path:
+    """Write <run_dir>/checkpoint atomically (a temporary folder renamed over the old one); ``window``: the rounds
+    of the model window whose arrays ``arrays`` holds too (``eval_average``, server/run/window.py)."""
     final = run_dir / CHECKPOINT
     tmp = run_dir / f".{CHECKPOINT}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -27,6 +28,7 @@ def save(run_dir: Path, server_round: int, strategy_meta: dict[str, Any], arrays
         "round": server_round,
         "strategy": strategy_meta,
         "config": config,
+        "window": window or [],
         "rng": {
             "python": _jsonable(random.getstate()),
             "numpy": _jsonable(np.random.get_state()),

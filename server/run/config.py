@@ -96,6 +96,9 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     if "eval_tail" in cfg:
         _positive_int(cfg, "eval_tail", 0)
     _validate_eval_tail_at(cfg)
+    if "eval_average" in cfg and _positive_int(cfg, "eval_average", 0) > cfg["num_rounds"]:
+        raise ConfigError(f"'eval_average' averages the last k <= num_rounds ({cfg['num_rounds']}) server models, "
+                          f"got {cfg['eval_average']!r}")
     _positive_int(cfg, "checkpoint_every")
     _positive_int(cfg, "eval_max_examples", 0)
     progress = cfg.get("progress_every", 10)

@@ -24,9 +24,9 @@ def _script():
     return module
 
 
-def _run(data, run_dir, rounds):
+def _run(data, run_dir, rounds, *extra):
     proc = run_cli("flower-simulation", sim_args(data, run_dir, *CONVEX, f"num_rounds={rounds}",
-                                                 "checkpoint_every=1"))
+                                                 "checkpoint_every=1", *extra))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir
 
@@ -34,8 +34,9 @@ def _run(data, run_dir, rounds):
 @pytest.mark.e2e
 def test_continued_rounds_are_the_runs_own_and_averaging_obeys_jensen(tiny_data, tmp_path, capsys):
     """A 3-round run continued by P = 2 (1/C) rounds gives, for rounds 4 and 5, the pop_gap that one uninterrupted
-    5-round run logs; the gap of the two models' mean is at most their mean gap."""
-    short, full = _run(tiny_data, tmp_path / "short", 3), _run(tiny_data, tmp_path / "full", 5)
+    5-round run logs; the gap of the two models' mean is at most their mean gap, and it is the ``avg_pop_gap`` that
+    the uninterrupted run logs with ``eval_average=2`` (server/run/window.py), also after a resume."""
+    short, full = _run(tiny_data, tmp_path / "short", 3), _run(tiny_data, tmp_path / "full", 5, "eval_average=2")
     assert _script().main([str(short), "--out", str(tmp_path / "out"), "--plot", str(tmp_path / "tail.png")]) == 0
     (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines() if text.startswith("{")]
     logged = {row["round"]: row["pop_gap"] for row in read_metrics(full)}
@@ -48,6 +49,27 @@ def test_continued_rounds_are_the_runs_own_and_averaging_obeys_jensen(tiny_data,
     assert all(np.array_equal(final[key], continued[key]) for key in final.files)  # exact resume, bitwise
     assert (tmp_path / "tail.png").stat().st_size > 0
     assert not (short / "model_4.npz").exists() and read_metrics(short)[-1]["round"] == 3  # the original untouched
+
+    # eval_average=2: the mean of the server models of rounds r-1, r at every round r >= 2, computed in the run
+    rows = {row["round"]: row for row in read_metrics(full)}
+    assert [r for r in rows if "avg_pop_gap" in rows[r]] == [2, 3, 4, 5]
+    assert rows[5]["avg_pop_gap"] == pytest.approx(line["gap_of_mean_model"], rel=1e-12, abs=1e-15)
+    for r in (2, 3, 4, 5):  # Jensen, round by round
+        assert 0 <= rows[r]["avg_pop_gap"] <= (rows[r - 1]["pop_gap"] + rows[r]["pop_gap"]) / 2 + 1e-12
+        assert set(rows[r]) >= {"avg_accuracy", "avg_loss", "avg_pop_loss", "avg_pop_accuracy"}
+    averaged = np.load(full / "final_model_avg.npz")
+    assert all(averaged[k].dtype == final[k].dtype for k in final.files)
+    assert "avg_pop_gap" in (full / "metrics.csv").read_text().splitlines()[0]
+    assert "avg_pop_gap" in (full / "run.log").read_text()
+    # a resumed run refills its window from the checkpoint: the same averaged columns as the uninterrupted run
+    resumed = tmp_path / "resumed"
+    _run(tiny_data, resumed, 3, "eval_average=2")
+    _run(tiny_data, resumed, 5, "eval_average=2", "resume=true")
+    again = {row["round"]: row for row in read_metrics(resumed)}
+    for r in (4, 5):
+        assert {k: v for k, v in again[r].items() if k.startswith("avg_")} == \
+            {k: v for k, v in rows[r].items() if k.startswith("avg_")}
+    assert all(np.array_equal(averaged[k], np.load(resumed / "final_model_avg.npz")[k]) for k in final.files)
 
 
 @pytest.mark.e2e
