@@ -5,11 +5,13 @@ Lemma III.4) around a point that no single iterate reaches; heavy-ball momentum 
 oscillation. This script measures how much of a run's ``pop_gap`` floor is the oscillation: for each finished
 convex run (``model=logreg``, ``eval_gap=true``; docs/convex.md) it
 
-1. copies the run directory to ``--out`` and continues the copy one round at a time to round T + P with the run's
-   own Hydra overrides (``resume=true``: exact resume, so these are the rounds the run itself would have made),
-   keeping each round's ``final_model.npz``;
-2. evaluates, in float64 with the run's own objective and f* (``server.convex.optimum.PopulationGap``), the gap
-   f(x^t) − f* of each of the P models and the gap of their mean, f(x̄) − f* with x̄ = (1/P) Σ_t x^t.
+1. copies the run directory to ``--out`` and continues the copy to round T + P in one ``flower-simulation`` call
+   with the run's own Hydra overrides (``resume=true``: exact resume, so these are the rounds the run itself would
+   have made) plus ``eval_tail=P eval_average=P``;
+2. reads what that call evaluated, in float64 with the run's own objective and f* (``pop_gap``): the gap
+   f(x^t) − f* of each of the P models and, at round T + P, the gap of their mean, f(x̄) − f* with
+   x̄ = (1/P) Σ_t x^t (``avg_pop_gap``, server/run/window.py; the copy keeps x̄ as ``final_model_avg.npz``).
+   For runs not yet started, ``eval_average=P`` computes the same during the run.
 
 f is convex, so f(x̄) ≤ mean f(x^t) (Jensen); the difference is what averaging the cycle's iterates removes. It prints
 one JSON line per run and, over the seeds of each configuration (run directories whose names differ only in
@@ -43,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project
 from server.report.stats import paired, summarise  # noqa: E402
 
 SIMULATION = Path(sys.executable).parent / "flower-simulation"
-RESUME_TIMEOUT = 900  # seconds for one resumed round (start-up, f* check, one round, evaluation)
-DROPPED = ("num_rounds=", "checkpoint_every=", "plots=", "hydra.run.dir=", "resume=")
+CONTINUE_TIMEOUT = 900  # seconds for the continuation (start-up, f* check, P rounds, 2P evaluations)
+DROPPED = ("num_rounds=", "checkpoint_every=", "plots=", "hydra.run.dir=", "resume=", "eval_tail=", "eval_average=")
 
 
 def check_run(run: Path, period: int | None) -> tuple[dict[str, Any], list[str], int, int]:
@@ -73,40 +75,36 @@ def check_run(run: Path, period: int | None) -> tuple[dict[str, Any], list[str],
     return cfg, [o for o in overrides if not o.startswith(DROPPED)], last, period
 
 
-def continue_run(run: Path, out: Path, overrides: list[str], last: int, period: int) -> list[Path]:
-    """Copy ``run`` into ``out`` and resume it one round at a time to ``last + period``; each round's model file."""
-    copy = out / run.name
-    models = [copy / f"model_{last + k}.npz" for k in range(1, period + 1)]
-    if all(m.is_file() for m in models):
-        return models  # an earlier call finished this run
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(run, copy)
-    for k, model in enumerate(models, start=1):
-        cmd = [str(SIMULATION), *overrides, f"num_rounds={last + k}", "checkpoint_every=1", "resume=true",
-               "plots=false", f"hydra.run.dir={copy}"]
+def continue_run(run: Path, out: Path, overrides: list[str], last: int, period: int) -> tuple[list[float], float]:
+    """Copy ``run`` into ``out`` and resume it to ``last + period`` with every round and the mean of the ``period``
+    new models evaluated; (f(x^t) − f* of each new model, f(x̄) − f* of their mean)."""
+    from server.report.metrics import read_metrics
+
+    copy, end = out / run.name, last + period
+    if not _continued(copy, end):  # else an earlier call finished this run
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(run, copy)
+        cmd = [str(SIMULATION), *overrides, f"num_rounds={end}", f"eval_tail={period}", f"eval_average={period}",
+               f"checkpoint_every={period}", "resume=true", "plots=false", f"hydra.run.dir={copy}"]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RESUME_TIMEOUT)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CONTINUE_TIMEOUT)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{run}: resuming to round {last + k} took over {RESUME_TIMEOUT} s") from None
+            raise RuntimeError(f"{run}: resuming to round {end} took over {CONTINUE_TIMEOUT} s") from None
         if proc.returncode != 0:
-            raise RuntimeError(f"{run}: resuming to round {last + k} failed (exit {proc.returncode}): "
+            raise RuntimeError(f"{run}: resuming to round {end} failed (exit {proc.returncode}): "
                                f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
-        shutil.copy(copy / "final_model.npz", model)
-    return models
+    rows = {row["round"]: row for row in read_metrics(copy)}
+    return [float(rows[r]["pop_gap"]) for r in range(last + 1, end + 1)], float(rows[end]["avg_pop_gap"])
 
 
-def gaps(cfg: dict[str, Any], models: list[Path]) -> tuple[list[float], float]:
-    """f(x^t) − f* of each model and f(x̄) − f* of their mean, float64, the run's own objective."""
-    from server.convex.optimum import PopulationGap
-    from server.run.build import server_dataset
+def _continued(copy: Path, end: int) -> bool:
+    """Whether ``copy`` is a continuation finished at ``end`` with the gap of the mean model there."""
+    from server.report.metrics import read_metrics
 
-    gap = PopulationGap(cfg, server_dataset(cfg))
-    arrays = []
-    for path in models:
-        with np.load(path) as npz:
-            arrays.append({key: np.asarray(npz[key], dtype=np.float64) for key in npz.files})
-    mean = {key: np.mean([a[key] for a in arrays], axis=0) for key in arrays[0]}
-    return [float(gap(a)) for a in arrays], float(gap(mean))
+    status = copy / "status.json"
+    if not status.is_file() or json.loads(status.read_text()) != {"status": "finished", "round": end, "reason": ""}:
+        return False
+    return any(row["round"] == end and row.get("avg_pop_gap") is not None for row in read_metrics(copy))
 
 
 def group_of(name: str) -> str:
@@ -161,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     per_round_means, of_mean, curves = [], [], []
-    for run, cfg, overrides, last, period in checked:
-        each, averaged = gaps(cfg, continue_run(run, args.out, overrides, last, period))
+    for run, _, overrides, last, period in checked:
+        each, averaged = continue_run(run, args.out, overrides, last, period)
         curves.append((run.name, list(range(last + 1, last + period + 1)), each, averaged))
         per_round_means.append(float(np.mean(each)))
         of_mean.append(averaged)
