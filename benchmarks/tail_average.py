@@ -46,7 +46,9 @@ from server.report.stats import paired, summarise  # noqa: E402
 
 SIMULATION = Path(sys.executable).parent / "flower-simulation"
 CONTINUE_TIMEOUT = 900  # seconds for the continuation (start-up, f* check, P rounds, 2P evaluations)
-DROPPED = ("num_rounds=", "checkpoint_every=", "plots=", "hydra.run.dir=", "resume=", "eval_tail=", "eval_average=")
+# overrides of the run that the continuation replaces (run_dir/hydra.run.dir: it must write to the copy only)
+DROPPED = ("num_rounds=", "checkpoint_every=", "plots=", "hydra.run.dir=", "run_dir=", "resume=", "eval_tail=",
+           "eval_average=")
 
 
 def check_run(run: Path, period: int | None) -> tuple[dict[str, Any], list[str], int, int]:
@@ -85,7 +87,7 @@ def continue_run(run: Path, out: Path, overrides: list[str], last: int, period: 
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(run, copy)
         cmd = [str(SIMULATION), *overrides, f"num_rounds={end}", f"eval_tail={period}", f"eval_average={period}",
-               f"checkpoint_every={period}", "resume=true", "plots=false", f"hydra.run.dir={copy}"]
+               f"checkpoint_every={period}", "resume=true", "plots=false", f"hydra.run.dir={copy}", f"run_dir={copy}"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CONTINUE_TIMEOUT)
         except subprocess.TimeoutExpired:

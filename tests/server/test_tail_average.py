@@ -37,7 +37,8 @@ def test_continued_rounds_are_the_runs_own_and_averaging_obeys_jensen(tiny_data,
     5-round run logs; the gap of the two models' mean is at most their mean gap, equals f at the mean of the models
     of rounds 4 and 5 computed here by hand, and is the ``avg_pop_gap`` that the uninterrupted run logs with
     ``eval_average=2`` (server/run/window.py), also after a resume."""
-    short, full = _run(tiny_data, tmp_path / "short", 3), _run(tiny_data, tmp_path / "full", 5, "eval_average=2")
+    short = _run(tiny_data, tmp_path / "short", 3, f"run_dir={tmp_path / 'short'}")  # the continuation drops it
+    full = _run(tiny_data, tmp_path / "full", 5, "eval_average=2")
     four = _run(tiny_data, tmp_path / "four", 4)
     assert _script().main([str(short), "--out", str(tmp_path / "out"), "--plot", str(tmp_path / "tail.png")]) == 0
     (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines() if text.startswith("{")]
