@@ -38,10 +38,17 @@ def limit_cycle(
         amp_cf = float(cf.limit_cycle_amplitude(e, b, mu, G)) if f < 1 else None
         rows.append(
             {"beta": b, "eta": float(e), "eta_over_bound": f, "stable_sim": stable_sim, "stable_eq9": bool(f < 1.0),
-             "amplitude_sim": amp_sim, "amplitude_eq10": amp_cf,
+             "amplitude_sim": amp_sim, "amplitude_eq10": amp_cf, "cycle_mean_sim": _cycle_mean(zsr, k, stable_sim),
              "rel_err": None if amp_sim is None or amp_cf is None else abs(amp_sim - amp_cf) / amp_cf}
         )
     return {"rows": rows, "setup": {"T": T, "G": G, "mu": mu}}
+
+
+def _cycle_mean(response: tuple[np.ndarray, np.ndarray], lane: int, stable: bool = True) -> float | None:
+    """(θ^T + θ^{T−1}) / 2: the mean of the last period-2 cycle, the point the oscillation is around. The round map is
+    linear with the zero-mean input ±G, so in the periodic steady state it is (I − A)⁻¹ B · mean(input) = 0 = x*,
+    with or without momentum (docs/convex.md, "Fourteenth session", where the real data disagrees)."""
+    return float((response[0][0, lane] + response[1][0, lane]) / 2) if stable else None
 
 
 def run_limit_cycle(outdir: str | os.PathLike, T: int = 20_000) -> dict:
@@ -120,6 +127,7 @@ def local_steps(
             rows.append(
                 {"algorithm": algorithm, "J": J, "p": p, "p_eq": closed[0], "q": q, "q_eq": closed[1], "r": r,
                  "r_eq": closed[2], "rho": float(cf.spectral_radius(p, r)), "amplitude_sim": amp_sim,
+                 "cycle_mean_sim": _cycle_mean((th, prev), 0),
                  "amplitude_cf": float(cf.periodic_amplitude(*closed, G)), "q_lower_eq7": eta_t * eta_l * (1 - beta)}
             )
     for row in rows:
