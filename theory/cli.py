@@ -13,7 +13,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-EXPERIMENTS = ("table1", "table2", "limit-cycle", "rates", "local-steps", "surrogate", "spectrum")  # `all`
+EXPERIMENTS = ("table1", "table2", "limit-cycle", "rates", "local-steps", "cycle-mean", "surrogate",
+               "spectrum")  # `all`
 GHBM_POINT = {  # flower-theory ghbm-point options: (default, converter, check, message)
     "tau": (1, int, lambda v: v >= 1, "--tau must be an integer >= 1"),
     "momentum": (0.9, float, lambda v: 0.0 <= v <= 1.0, "--momentum must lie in [0, 1]"),
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "limit-cycle": "seed 000 Thm III.5: stability (Eq. 9) and limit-cycle amplitude (Eq. 10)",
         "rates": "seed 000 Thm III.6: fitted decay exponents",
         "local-steps": "seed 000 Eq. 5-7: FedAvgM vs FedCM with J local steps",
+        "cycle-mean": "Lemma III.4 with unequal client curvatures: where each method's limit cycle is centred",
         "surrogate": "seed 001 Sections 3-4: surrogate vs true minimizer, LocalUpdate",
         "spectrum": "seed 001 Lemma 11 / Corollary 13 / Theorem 4",
         "ghbm": "GHBM(tau), LocalGHBM, FedHBM vs FedAvgM/FedCM: Table I, limit cycle, Thm III.6 rates",
@@ -65,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in helps.items():
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--out", default="outputs/theory", help="output directory (default: %(default)s)")
-        if name in ("table1", "table2", "rates", "limit-cycle", "local-steps", "ghbm", "all"):
+        if name in ("table1", "table2", "rates", "limit-cycle", "local-steps", "cycle-mean", "ghbm", "all"):
             p.add_argument("--T", type=_positive_int, default=None, help="number of rounds (paper defaults)")
         if name == "surrogate":
             p.add_argument("--example", choices=("two-point", "figure1"), default=None)
@@ -80,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _runners(args: argparse.Namespace) -> dict[str, Callable[[], dict]]:
-    from theory.experiments import ghbm_report, seed000, spectrum, surrogate, tables
+    from theory.experiments import cycle_mean, ghbm_report, seed000, spectrum, surrogate, tables
 
     T = getattr(args, "T", None)
 
@@ -93,6 +95,7 @@ def _runners(args: argparse.Namespace) -> dict[str, Callable[[], dict]]:
         "limit-cycle": lambda: seed000.run_limit_cycle(args.out, **kw(20_000)),
         "rates": lambda: seed000.run_rates(args.out, **kw(10**6)),
         "local-steps": lambda: seed000.run_local_steps(args.out, **kw(20_000)),
+        "cycle-mean": lambda: cycle_mean.run_cycle_mean(args.out, **kw(20_000)),
         "surrogate": lambda: surrogate.run_surrogate(args.out, rounds=getattr(args, "rounds", 2000)),
         "spectrum": lambda: spectrum.run_spectrum(args.out),
         "ghbm": lambda: ghbm_report.run_ghbm(args.out, **kw(10**6)),

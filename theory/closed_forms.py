@@ -94,3 +94,17 @@ def two_point_surrogate_K(K: Any) -> Any:
     """Section 4, gamma = 1/2: Q_1 = 2 (1 - 2^{-K}), Q_2 = 1, x*(K) = (Q_1 + 1) / (Q_1 + 2) -> 3/4."""
     q1 = 2.0 * (1.0 - 0.5 ** np.asarray(K, dtype=float))
     return (q1 + 1.0) / (q1 + 2.0)
+
+
+def fedavg_cycle(eta: Any, eta_l: Any, mu_odd: Any, mu_even: Any, J: int, G: Any) -> tuple[Any, Any]:
+    """(mean, half-spread) of FedAvg's period-2 steady state on two clients of curvature ``mu_odd``/``mu_even`` and
+    linear terms ±G, one per round, J gradient steps of ``eta_l``, server lr ``eta``. With a_i = (1 − eta_l mu_i)^J a
+    round maps theta to c_i theta ∓ eta G b_i, c_i = 1 − eta (1 − a_i), b_i = (1 − a_i) / mu_i; the 2-cycle is
+    theta_1 = eta G (c_1 b_2 − b_1) / (1 − c_1 c_2), theta_2 = c_2 theta_1 + eta G b_2. Equal curvatures give mean 0
+    (= x*); J = 1 gives mean k G (mu_even − mu_odd) / (2 (mu_odd + mu_even − k mu_odd mu_even)), k = eta eta_l."""
+    a1, a2 = (1.0 - eta_l * mu_odd) ** J, (1.0 - eta_l * mu_even) ** J
+    c1, c2 = 1.0 - eta * (1.0 - a1), 1.0 - eta * (1.0 - a2)
+    b1, b2 = (1.0 - a1) / mu_odd, (1.0 - a2) / mu_even
+    theta1 = eta * G * (c1 * b2 - b1) / (1.0 - c1 * c2)
+    theta2 = c2 * theta1 + eta * G * b2
+    return (theta1 + theta2) / 2.0, abs(theta1 - theta2) / 2.0

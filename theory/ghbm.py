@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from strategies import math as fm
-from theory.problems import client_sign, fedhbm_client, ghbm_client, two_client_grad
+from theory.problems import client_curvature, client_sign, fedhbm_client, ghbm_client, two_client_grad
 
 VARIANTS = ("ghbm", "localghbm", "fedhbm")
 PERIOD = 2  # cyclic participation of Lemma III.4: one client per round, each every other round
@@ -48,6 +48,7 @@ class GHBMRound:
     client_lr: Any = 1.0
     server_lr: Any = 1.0
     participation: float = 1.0 / PERIOD
+    mu_even: float | None = None  # client 2's curvature (None: mu, Lemma III.4's problem)
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -73,9 +74,10 @@ class GHBMRound:
         client_lr, server_lr = (lr, self.server_lr) if self.scheduled == "client" else (self.client_lr, lr)
         theta = state[0]
         g_sign = client_sign(t) * G
+        mu = client_curvature(t, self.mu, self.mu_even)
 
         def grad(x: Any) -> Any:
-            return two_client_grad(x, self.mu, g_sign)
+            return two_client_grad(x, mu, g_sign)
 
         if self.variant == "ghbm":
             has = fm.ghbm_has_momentum(t, self.tau)

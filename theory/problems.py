@@ -31,9 +31,15 @@ def client_sign(t: Any) -> Any:
     return np.where(np.asarray(t) % 2 == 1, 1.0, -1.0)
 
 
-def two_client_grad(theta: Any, mu: float, g_sign: Any) -> Any:
+def two_client_grad(theta: Any, mu: Any, g_sign: Any) -> Any:
     """grad f_i(theta) = mu theta + s G, with ``g_sign`` = s G already multiplied (Eq. 94)."""
     return mu * theta + g_sign
+
+
+def client_curvature(t: Any, mu: float, mu_even: float | None) -> Any:
+    """mu of the client of round t: ``mu`` for both (Lemma III.4), or ``mu`` at odd t (client 1) and ``mu_even`` at
+    even t (client 2): clients of unequal curvature, f = (f_1 + f_2)/2 still minimised at x* = 0."""
+    return mu if mu_even is None else np.where(np.asarray(t) % 2 == 1, mu, mu_even)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class MomentumRound:
     client_lr: Any = 1.0
     momentum: Any = 0.0
     local_steps: int = 1
+    mu_even: float | None = None  # client 2's curvature (None: mu, Lemma III.4's problem)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS_000:
@@ -62,9 +69,10 @@ class MomentumRound:
     def __call__(self, theta: Any, theta_prev: Any, G: Any, t: Any, server_lr: Any) -> Any:
         """theta^t from (theta^{t-1}, theta^{t-2}) at round t (Lemma B.10 / B.11 computed, not written out)."""
         g_sign = client_sign(t) * G
+        mu = client_curvature(t, self.mu, self.mu_even)
 
         def grad(x: Any) -> Any:
-            return two_client_grad(x, self.mu, g_sign)
+            return two_client_grad(x, mu, g_sign)
 
         if self.algorithm == "fedavgm":
             local = fedavgm_client(theta, grad, self.client_lr, self.local_steps)
