@@ -64,8 +64,10 @@ def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWind
     strategy.load_state_dict(state["strategy"], strategy_arrays)
     window.load(state.get("window", []), window_arrays)
     if window.size and not window.full() and int(state["round"]) >= window.size:
-        log(WARNING, "eval_average=%d: the checkpoint holds the models of rounds %s only; the averaged columns "
-            "start again once %d consecutive rounds are in", window.size, window.rounds or "none", window.size)
+        held = f"the models of rounds {window.rounds} only" if window.rounds else "no model window (a run started " \
+            "without eval_average)"
+        log(WARNING, "eval_average=%d: the checkpoint holds %s; the averaged columns start once %d consecutive "
+            "rounds are in", window.size, held, window.size)
     log(INFO, "Resuming %s after round %d", run_dir, state["round"])
     return int(state["round"])
 
