@@ -72,6 +72,8 @@ def test_continued_rounds_are_the_runs_own_and_averaging_obeys_jensen(tiny_data,
     assert all(averaged[k].dtype == final[k].dtype for k in final.files)
     assert all(np.array_equal(averaged[k], np.load(tmp_path / "out" / "short" / "final_model_avg.npz")[k])
                for k in final.files)  # the continuation refilled its window (short's checkpoint had none)
+    log = (tmp_path / "out" / "short" / "run.log").read_text()
+    assert "eval_average=2: the checkpoint holds no model window" in log
     assert "avg_pop_gap" in (full / "metrics.csv").read_text().splitlines()[0]
     assert "avg_pop_gap" in (full / "run.log").read_text()
     # a resumed run refills its window from the checkpoint: the same averaged columns as the uninterrupted run
