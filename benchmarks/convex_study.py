@@ -15,7 +15,9 @@ diverged, so a rerun after an interruption continues; a killed job resumes from 
    against FedAvg (LocalUpdate γ = 0 on the seed 001 side), cyclic − uniform and, per method, halved − tuned
    with the ratios halved / tuned (``--ratio``: Lemma III.4 predicts an amplitude ratio of 1/2); figures and
    reports under ``<out>/reports``, the figures also copied to ``--figures`` (docs/img for the doc). With
-   ``--upto T`` (e.g. 5000 of ``--rounds 10000``) every report again at round T (``<name>_uptoT``).
+   ``--upto T`` (e.g. 5000 of ``--rounds 10000``) every report again at round T (``<name>_uptoT``). With
+   ``--average`` the final runs also evaluate the mean of each cycle's server models (``eval_average`` = the period)
+   and every seed 000 variant gets a ``<name>_averaged`` report of ``avg_pop_gap`` (docs/convex.md, "Use").
 
     python benchmarks/convex_study.py --out studies/convex --jobs 2 data.root=/work/shared/data/cifar10-jpeg.tar.gz
     python benchmarks/convex_study.py --out studies/convex --stage tune --dry-run        # print the commands
@@ -164,6 +166,8 @@ def scale_overrides(args: argparse.Namespace, tune: bool) -> dict[str, str]:
            "eval_tail": "0" if tune else str(min(rounds, args.cycles * period))}
     if args.upto and not tune:  # the cycles before the earlier horizon too: flower-report --upto T reads them
         out["eval_tail_at"] = f"[{args.upto}]"
+    if args.average and not tune:  # the mean of each cycle's server models, evaluated beside them (avg_pop_gap)
+        out["eval_average"] = str(period)
     return out
 
 
@@ -270,6 +274,8 @@ def stage_report(args, extra) -> None:
     vs = [f"method={m}" for m in sorted(args.methods, key=lambda m: m != "fedavg")]  # against FedAvg
     lu = [f"method={m}" for m in args.seed001]
     jobs = {f"seed000_{v}": [str(s0 / v), *(["--compare", *vs] if len(vs) > 1 else [])] for v in args.variants}
+    if args.average:  # the same reports of f at the mean of the last cycle's models (eval_average)
+        jobs.update({f"{name}_averaged": [*argv, "--metric", "avg_pop_gap"] for name, argv in list(jobs.items())})
     if "uniform" in args.variants and "tuned" in args.variants:
         jobs["seed000_cyclic_vs_uniform"] = [str(s0 / "tuned"), str(s0 / "uniform"), "--compare",
                                              "participation=cyclic", "participation=uniform"]
@@ -290,7 +296,7 @@ def stage_report(args, extra) -> None:
         horizons[f"_upto{args.upto}"] = ["--last", str(max(1, args.upto // 10)), "--upto", str(args.upto)]
     jobs = {name + suffix: [*argv, *at] for suffix, at in horizons.items() for name, argv in jobs.items()}
     for name, argv in jobs.items():
-        argv = [*argv, *base, "--out", str(args.out / "reports" / name)]
+        argv = [*base, *argv, "--out", str(args.out / "reports" / name)]  # a job's own --metric comes last
         if args.dry_run:
             print("flower-report " + " ".join(argv))
             continue
@@ -323,6 +329,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--variants", default="tuned,halved,uniform", help="final-run variants")
     parser.add_argument("--upto", type=int, metavar="T", help="an earlier horizon T < --rounds: the final runs "
                         "evaluate its last cycles too (eval_tail_at) and every report is repeated at T (<name>_uptoT)")
+    parser.add_argument("--average", action="store_true", help="the final runs also evaluate the mean of each "
+                        "cycle's server models (eval_average = the period) and every seed 000 variant gets a "
+                        "<name>_averaged report of avg_pop_gap")
     parser.add_argument("--jobs", type=int, default=1, help="flower-simulation calls at once (2 on 2 cores)")
     parser.add_argument("--figures", type=Path, help="copy the report figures here (e.g. docs/img)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands of the pending jobs only")

@@ -20,7 +20,7 @@ from server.report.oscillation import cycle_amplitude
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "benchmarks" / "convex_study.py"
 ARGS = ["--scale", "smoke", "--jobs", "2", "--methods", "fedavg,fedcm", "--variants", "tuned,halved,uniform",
-        "--seed001", "localupdate_g0,localupdate_decay", "--upto", "15"]
+        "--seed001", "localupdate_g0,localupdate_decay", "--upto", "15", "--average"]
 ROUNDS, TUNE_ROUNDS, PERIOD, TAIL, EVERY = 20, 10, 5, 10, 5  # SCALES["smoke"]: eval_tail = 2 cycles of 5
 UPTO = 15  # the earlier horizon: its last 2 cycles (rounds 6..15) are evaluated too (eval_tail_at)
 
@@ -72,6 +72,11 @@ def test_final_runs_evaluate_every_round_of_the_tail_only(study):
         assert [r["round"] for r in rows if r.get("pop_gap") is not None] == expected
         assert all(r.get("accuracy") is not None for r in rows if r.get("pop_gap") is not None)
         assert json.loads((run / "status.json").read_text())["status"] == "finished"
+        averaged = [r for r in rows if r.get("avg_pop_gap") is not None]  # --average: eval_average = the period
+        assert [r["round"] for r in averaged] == [t for t in expected if t >= PERIOD]
+        gaps = {r["round"]: r["pop_gap"] for r in rows if r.get("pop_gap") is not None}
+        assert averaged[-1]["avg_pop_gap"] <= np.mean([gaps[t] for t in range(ROUNDS - PERIOD + 1, ROUNDS + 1)]) \
+            + 1e-12  # Jensen over the last cycle
 
 
 @pytest.mark.e2e
@@ -96,6 +101,9 @@ def test_reports_have_every_column_section_and_figure(study):
     with open(reports / "seed000_cyclic_vs_uniform" / "compare.csv") as f:
         groups = {r["group"] for r in csv.DictReader(f)}
     assert len(groups) == 2 and all("method=" in g for g in groups)  # cyclic − uniform within each method
+    md = (reports / "seed000_tuned_averaged" / "report.md").read_text()  # --average
+    assert "## Paired comparison: method=fedcm − method=fedavg" in md and "avg_pop_gap" in md
+    assert not (reports / "seed001_averaged").exists()
 
 
 @pytest.mark.e2e
@@ -181,7 +189,8 @@ def test_a_rerun_skips_every_finished_job(study):
     out, _, data = study
     proc = driver(out, data, "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert "flower-simulation" not in proc.stdout and proc.stdout.count("flower-report") == 2 * 7  # also --upto
+    assert "flower-simulation" not in proc.stdout  # 7 reports + 3 averaged variants, also at --upto
+    assert proc.stdout.count("flower-report") == 2 * (7 + 3)
 
 
 def test_bad_driver_input_exits_2_before_any_work(tmp_path, tiny_data):
