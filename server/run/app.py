@@ -63,6 +63,10 @@ def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWind
     strategy_arrays, window_arrays = split_arrays(arrays)
     strategy.load_state_dict(state["strategy"], strategy_arrays)
     window.load(state.get("window", []), window_arrays)
+    try:
+        window.check(strategy.model_record())
+    except ValueError as err:
+        raise config_lib.ConfigError(f"cannot resume: {err}") from None
     if window.size and not window.full() and int(state["round"]) >= window.size:
         held = f"the models of rounds {window.rounds} only" if window.rounds else "no model window (a run started " \
             "without eval_average)"

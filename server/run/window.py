@@ -61,6 +61,15 @@ class ModelWindow:
             self.push(int(rnd), {k[len(head):]: v for k, v in arrays.items() if k.startswith(head)})
 
 
+    def check(self, model: Mapping[str, Any]) -> None:
+        """ValueError unless every kept model has ``model``'s names and shapes (a checkpoint is read back, not
+        trusted)."""
+        shapes = {k: np.shape(_numpy(v)) for k, v in model.items()}
+        for rnd, kept in self._models:
+            if {k: v.shape for k, v in kept.items()} != shapes:
+                raise ValueError(f"the eval_average window's model of round {rnd} does not match the run's model")
+
+
 def split_arrays(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """A checkpoint's arrays as (the strategy's, the window's)."""
     window = {k: v for k, v in arrays.items() if k.startswith(PREFIX)}

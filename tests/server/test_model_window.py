@@ -56,3 +56,17 @@ def test_size_zero_keeps_nothing():
     window = ModelWindow(0)
     window.push(1, model(1.0))
     assert window.rounds == [] and not window.full() and window.state() == ([], {})
+
+
+def test_check_refuses_a_window_that_does_not_fit_the_model():
+    window = ModelWindow(2)
+    window.push(1, model(1.0))
+    window.check(model(0.0))
+    rounds, arrays = window.state()
+    arrays.pop(f"{PREFIX}0/steps")  # a damaged checkpoint
+    damaged = ModelWindow(2)
+    damaged.load(rounds, arrays)
+    with pytest.raises(ValueError, match="round 1 does not match"):
+        damaged.check(model(0.0))
+    with pytest.raises(ValueError, match="does not match"):
+        window.check({"w": np.zeros((3, 2), dtype=np.float32), "steps": np.array(0)})
