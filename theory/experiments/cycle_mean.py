@@ -28,8 +28,9 @@ BETA = 0.9
 
 
 def methods(mu_odd: float, mu_even: float, J: int) -> dict[str, tuple[Any, float]]:
-    """name -> (round, its scheduled lr): FedAvg/FedAvgM/FedCM at server lr 1 (the heavy ball's steady step is the
-    server lr whatever beta), the GHBM family at client lr eta_l = CLIENT_LR / J with server lr 1."""
+    """name -> (round, its scheduled lr): every method takes J steps of eta_l = CLIENT_LR / J and server lr 1 (the
+    heavy ball's steady step is the server lr whatever beta); FedAvg/FedAvgM/FedCM schedule the server lr, the GHBM
+    family the client lr."""
     lr = CLIENT_LR / J
     kw = {"mu": mu_odd, "mu_even": mu_even, "local_steps": J}
     rounds: dict[str, tuple[Any, float]] = {
