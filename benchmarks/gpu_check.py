@@ -17,7 +17,17 @@ Without CUDA it prints that it skipped and exits 0. On a CUDA machine, for each 
    of rounds 2..R; round 1 pays Ray's and CUDA's start-up), rounds/s, images/s of a round, and the
    simulation / plain-loop overhead ratio;
 3. ``flower-simulation engine=batched`` (the round's clients stacked on the GPU) runs the same rounds, with the
-   same checks, and reports its rounds/s, its ratio to the Ray runs and the peak GPU memory it allocated.
+   same checks, and reports its rounds/s, its ratio to the Ray runs and the peak GPU memory it allocated; then
+   ``engine.vectorize=false`` (the ClientApp's own code trains each client on the GPU in turn: what one Ray actor
+   with a GPU does, without Ray);
+4. (run first) the convex study's run (``+sweep=convex_seed000``: logreg, 100 one-class clients, cyclic C = 0.1, GHBM at
+   η = 1, η_l = 0.001, ``eval_train=true``, f(x) every 50 rounds and every one of the last 100) for ``--convex-rounds``
+   rounds on the batched engine, on CUDA and on this machine's CPU (a fifth of the rounds): seconds per round and
+   the wall time of the run. ``eval_gap=false``: the f(x) evaluations cost the same without f*, whose solve would
+   take minutes.
+
+When Ray is not installed (a GPU box that only has the batched engine), the ``backend.num_gpus`` runs are reported
+as skipped and not checked.
 
 The data is split IID (``data.alpha=inf``) instead of the presets' one class per client, whose test accuracy
 needs many more than a few rounds to move; everything else is the preset's. Both engines use one torch thread
@@ -34,6 +44,7 @@ Budget: ``--budget`` seconds (default 480); steps that no longer fit are reporte
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -52,6 +63,9 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "tests")]  # sim_
 PRESETS = {"fedavg_cnn": ("cnn", 1.5, 0.01), "fedavg_resnet20": ("resnet20", 1.0, 0.5)}  # model, eta, eta_l
 CUDA_LINE = re.compile(r"pid (\d+) trains on cuda")
 ALPHA = float("inf")  # IID: accuracy moves within a few rounds
+BATCHED = {"batched": "engine=batched", "batched_seq": "engine=batched engine.vectorize=false"}
+CONVEX = ["+sweep=convex_seed000", "method=ghbm", "strategy.server_lr=1.0", "strategy.client_lr=0.001",
+          "eval_gap=false"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generated-per-class", type=int, default=1000, help="train images per class")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole check")
     parser.add_argument("--cpu-smoke", action="store_true", help="run the pipeline on CPU (no device checks)")
+    parser.add_argument("--convex-rounds", type=int, default=1000, help="rounds of the convex run on CUDA (0: none)")
     args = parser.parse_args(argv)
 
     import torch
@@ -80,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         data = _data(args.data, Path(tmp), args.generated_per_class)
         report: dict[str, Any] = {"environment": _environment(args.cpu_smoke), "data": str(data),
                                   "rounds": args.rounds, "runs": [], "checks": []}
+        if args.convex_rounds:  # first: the number issue 17's 90 minutes hangs on
+            _check_convex(report, data, Path(tmp), args.convex_rounds, args.cpu_smoke, deadline)
         for preset in args.presets:
             _check_preset(report, preset, data, Path(tmp), args.rounds, shares, args.cpu_smoke, deadline)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
@@ -97,12 +114,16 @@ def _check_preset(report: dict[str, Any], preset: str, data: Path, tmp: Path, ro
     smoke = " (not checked: --cpu-smoke)" if cpu_smoke else ""
     device = plain.get("param_device", "skipped")
     _check(report, f"{preset} plain loop: parameters on CUDA", device.startswith("cuda") or cpu_smoke, device + smoke)
-    for share in [*shares, "batched"]:
+    for share in [*shares, "batched", "batched_seq"]:
+        if share not in BATCHED and importlib.util.find_spec("ray") is None:
+            report["runs"].append({"preset": preset, "engine": "flower-simulation", "num_gpus": share,
+                                   "skipped": "Ray is not installed here"})
+            continue
         sim = _simulation(preset, share, data, tmp, rounds, deadline, cpu_smoke)
         if "s_per_round" in sim and "s_per_round" in plain:
             sim["overhead_vs_plain"] = sim["s_per_round"] / plain["s_per_round"]
         report["runs"].append(sim)
-        label = f"{preset} simulation " + ("engine=batched" if share == "batched" else f"num_gpus={share:g}")
+        label = f"{preset} simulation " + (BATCHED[share] if share in BATCHED else f"num_gpus={share:g}")
         _check(report, f"{label}: finished", sim.get("returncode") == 0, sim.get("error", sim.get("skipped", "")))
         _check(report, f"{label}: actors trained on CUDA", sim.get("cuda_actors", 0) > 0 or cpu_smoke,
                f"{sim.get('cuda_actors', 0)} actor processes reported CUDA{smoke}")
@@ -161,18 +182,18 @@ def _plain(preset: str, data: Path, cache: Path, rounds: int, deadline: float) -
 
 def _simulation(preset: str, share: float | str, data: Path, tmp: Path, rounds: int, deadline: float,
                 cpu_smoke: bool = False) -> dict[str, Any]:
-    """One flower-simulation run: the Ray engine with ``backend.num_gpus=share``, or ``share="batched"``."""
+    """One flower-simulation run: the Ray engine with ``backend.num_gpus=share``, or ``share`` in :data:`BATCHED`."""
     left = deadline - time.time()
-    batched = share == "batched"
-    result: dict[str, Any] = {"preset": preset, "engine": "batched" if batched else "flower-simulation",
+    batched = share in BATCHED
+    result: dict[str, Any] = {"preset": preset, "engine": share if batched else "flower-simulation",
                               "num_gpus": "-" if batched else share}
     if left < 30:
         result["skipped"] = "budget exhausted"
         return result
     run_dir = tmp / f"{preset}-{share}"
-    engine = ["engine=batched", *(["engine.workers=1"] if cpu_smoke else [])] if batched else [
+    engine = [*BATCHED[share].split(), *(["engine.workers=1"] if cpu_smoke else [])] if batched else [
         f"backend.num_gpus={share}", "client.torch_threads=1"]
-    cmd = [str(Path(sys.executable).parent / "flower-simulation"), f"+experiment={preset}", f"data.root={data}",
+    cmd = [*flower_simulation(), f"+experiment={preset}", f"data.root={data}",
            f"data.cache_dir={tmp / 'cache'}", f"num_rounds={rounds}", f"eval_every={rounds}",
            f"checkpoint_every={rounds}", f"data.alpha={ALPHA}", "plots=false", *engine, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "RAY_ADDRESS": "local", "FLWR_TELEMETRY_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
@@ -199,6 +220,50 @@ def _simulation(preset: str, share: float | str, data: Path, tmp: Path, rounds: 
                   accuracy_first=evaluated[0]["accuracy"], accuracy_last=evaluated[-1]["accuracy"],
                   loss_first=evaluated[0]["loss"], loss_last=evaluated[-1]["loss"])
     return result
+
+
+def flower_simulation() -> list[str]:
+    """The ``flower-simulation`` beside this Python, else its module (a project on PYTHONPATH, not installed)."""
+    script = Path(sys.executable).parent / "flower-simulation"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "server.run.cli"]
+
+
+def _check_convex(report: dict[str, Any], data: Path, tmp: Path, rounds: int, cpu_smoke: bool,
+                  deadline: float) -> None:
+    """The convex study's run on the batched engine: on CUDA (``rounds``) and on this machine's CPU (a fifth)."""
+    devices = [("cpu", max(rounds // 5, 2))] if cpu_smoke else [("cuda", rounds), ("cpu", max(rounds // 5, 2))]
+    for device, n in devices:
+        left = deadline - time.time()
+        result: dict[str, Any] = {"preset": "convex_seed000", "engine": f"batched {device}", "num_gpus": "-"}
+        report["runs"].append(result)
+        if left < 30:
+            result["skipped"] = "budget exhausted"
+            continue
+        run_dir = tmp / f"convex-{device}"
+        cmd = [*flower_simulation(), *CONVEX, f"data.root={data}", f"data.cache_dir={tmp / 'cache'}",
+               f"num_rounds={n}", f"eval_tail={min(100 if device == 'cuda' else 10, n)}", f"checkpoint_every={n}",
+               "plots=false",
+               f"engine.device={device}", f"hydra.run.dir={run_dir}"]
+        t0 = time.time()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left,
+                                  env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
+        except subprocess.TimeoutExpired:
+            result.update(error=f"still running after {left:.0f} s (budget)")
+            continue
+        result.update(returncode=proc.returncode, wall_s=time.time() - t0, rounds=n)
+        if proc.returncode == 0:
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            plain = [r["seconds"] for r in rows if r["round"] >= 2 and r.get("pop_loss") is None]
+            evaluated = [r["seconds"] for r in rows if r["round"] >= 2 and r.get("pop_loss") is not None]
+            s_round = statistics.median(plain or evaluated)
+            eval_s = statistics.median(evaluated) - s_round if evaluated else 0.0
+            result.update(s_per_round=s_round, eval_s=eval_s, rounds_per_s=1.0 / s_round,
+                          run_s=rows[-1]["elapsed"], pop_loss_last=rows[-1].get("pop_loss"),
+                          projected_5000_s=5000 * s_round + 150 * eval_s)  # the study's run: 150 evaluations
+        else:
+            result["error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        _check(report, f"convex run on {device}: finished", proc.returncode == 0, result.get("error", ""))
 
 
 def _images_per_round(run_dir: Path) -> float:
@@ -228,6 +293,8 @@ def _markdown(report: dict[str, Any]) -> str:
              "accuracy first → last | loss first → last | CUDA actors | sim / plain | peak GPU MiB |",
              "|" + " --- |" * 12]
     for r in report["runs"]:
+        if r["preset"] == "convex_seed000" and "skipped" not in r:
+            continue  # its own table below
         if "skipped" in r:
             lines.append(f"| {r['preset']} | {r['engine']} | {r.get('num_gpus', '-')} | skipped: {r['skipped']} |"
                          + " |" * 7)
@@ -239,6 +306,16 @@ def _markdown(report: dict[str, Any]) -> str:
             _fmt(r.get("loss_first"), ".4f"), _fmt(r.get("loss_last"), ".4f"),
             r.get("cuda_actors", r.get("param_device", "-")), _fmt(r.get("overhead_vs_plain")),
             _fmt(r.get("peak_cuda_memory_mib"), ".0f")))
+    convex = [r for r in report["runs"] if r["preset"] == "convex_seed000" and "skipped" not in r]
+    if convex:
+        lines += ["", "Convex study run (GHBM, η = 1, η_l = 0.001; a round without evaluation, one f(x) evaluation, "
+                  "and a 5,000-round study run projected with its 150 evaluations):", "",
+                  "| engine | rounds | s/round | s per evaluation | run s | wall s (with start-up) | "
+                  "projected 5,000 rounds s | pop_loss last |", "|" + " --- |" * 8]
+        lines += [f"| {r['engine']} | {r.get('rounds', '-')} | {_fmt(r.get('s_per_round'))} | "
+                  f"{_fmt(r.get('eval_s'))} | "
+                  f"{_fmt(r.get('run_s'), '.1f')} | {_fmt(r.get('wall_s'), '.1f')} | "
+                  f"{_fmt(r.get('projected_5000_s'), '.0f')} | {_fmt(r.get('pop_loss_last'), '.5f')} |" for r in convex]
     lines += ["", "| check | ok | detail |", "| --- | --- | --- |"]
     lines += [f"| {c['check']} | {'yes' if c['ok'] else '**NO**'} | {c['detail']} |" for c in report["checks"]]
     return "\n".join(lines) + "\n"

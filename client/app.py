@@ -80,9 +80,9 @@ def get_partition(cfg: Mapping[str, Any], split: str = "train") -> list[np.ndarr
 
 def get_model(name: str, num_classes: int) -> torch.nn.Module:
     """One model object per (name, classes) and process, on the chosen device; weights are always loaded."""
-    key = (name, num_classes)
+    key = (name, num_classes, get_device())
     if key not in _MODELS:
-        _MODELS[key] = build_model(name, num_classes).to(get_device())
+        _MODELS[key] = build_model(name, num_classes).to(key[2])
     return _MODELS[key]
 
 

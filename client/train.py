@@ -102,10 +102,14 @@ class TrainResult:
     metrics: dict[str, int | float]
 
 
+DEVICE_ENV = "FEDMOMENTUM_DEVICE"  # cpu | cuda: set by the batched engine's engine.device (inherited by its workers)
+
+
 @lru_cache(maxsize=1)
 def get_device() -> torch.device:
-    """CUDA when available, else CPU; decided once per process."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``$FEDMOMENTUM_DEVICE`` when set, else CUDA when available, else CPU; decided once per process."""
+    choice = os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
 
 
 @lru_cache(maxsize=8)

@@ -21,6 +21,7 @@ import torch
 from flwr.common.logger import log
 
 from client.models import build_model
+from client.train import DEVICE_ENV, get_device
 from server.batched.grid import BatchedGrid
 from server.batched.workers import WorkerPool, available_cores
 from server.run import build, quiet
@@ -103,6 +104,9 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     quiet.install()
     build.prepare_data(cfg)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    previous = os.environ.get(DEVICE_ENV)
+    os.environ[DEVICE_ENV] = device_of(cfg).type  # the ClientApp's code, the evaluator and the workers follow it
+    get_device.cache_clear()
     grid = make_grid(cfg)
     stacked = grid.stacks(build_model(cfg["model"]["name"]))
     threads = int(cfg["client"].get("torch_threads", 0)) or (STACKED_CPU_THREADS if stacked else 0)
@@ -119,6 +123,11 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
         summary = run_experiment(grid, cfg, cfg["run_dir"])
     finally:
         grid.close()
+        if previous is None:
+            os.environ.pop(DEVICE_ENV, None)
+        else:
+            os.environ[DEVICE_ENV] = previous
+        get_device.cache_clear()
     if grid.device.type == "cuda":  # benchmarks/gpu_check.py reads it
         summary["peak_cuda_memory_mib"] = torch.cuda.max_memory_allocated(grid.device) / 2**20
         (Path(cfg["run_dir"]) / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -88,3 +88,7 @@ def main() -> None:
         print(f"flower-simulation: {len(DIVERGED_JOBS)} job(s) diverged: {', '.join(DIVERGED_JOBS)}", file=sys.stderr)
     if FAILED_JOBS or DIVERGED_JOBS:
         raise SystemExit(1 if FAILED_JOBS else 3)
+
+
+if __name__ == "__main__":  # python -m server.run.cli: the project on PYTHONPATH without installing it
+    main()

@@ -173,3 +173,18 @@ def test_fedhbm_step_pulls_away_from_its_anchor(client_data) -> None:
                       local_steps=1, batch_size=8, participation=0.1), anchor=anchor, device=CPU)
     for k, v in res.arrays.items():
         torch.testing.assert_close(v, start[k] - 0.1 * 1.0, rtol=0, atol=1e-6)
+
+
+def test_get_device_follows_the_engines_choice(monkeypatch) -> None:
+    """``$FEDMOMENTUM_DEVICE`` (set by engine.device of the batched engine) decides where the ClientApp trains."""
+    from client.train import DEVICE_ENV, get_device
+
+    monkeypatch.setenv(DEVICE_ENV, "meta")
+    get_device.cache_clear()
+    try:
+        assert get_device() == torch.device("meta")
+        monkeypatch.delenv(DEVICE_ENV)
+        get_device.cache_clear()
+        assert get_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+    finally:
+        get_device.cache_clear()

@@ -29,20 +29,26 @@ def test_without_cuda_it_says_it_skipped_and_exits_0(tmp_path):
 
 @pytest.mark.e2e
 def test_cpu_smoke_runs_the_whole_pipeline(tmp_path):
-    """Generated data, the CNN preset, the plain loop, one flower-simulation with num_gpus=0 and one with
-    engine=batched."""
+    """Generated data, the CNN preset, the plain loop, one flower-simulation with num_gpus=0, engine=batched
+    stacked and one by one (vectorize=false), and a few rounds of the convex study's run."""
     proc = _run("--cpu-smoke", "--presets", "fedavg_cnn", "--rounds", "3", "--generated-per-class", "30",
-                "--data", tmp_path / "none", "--out", tmp_path / "out", "--budget", "400", timeout=600)
+                "--data", tmp_path / "none", "--out", tmp_path / "out", "--budget", "400", "--convex-rounds", "20",
+                timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
-    plain, sim, batched = report["runs"]
+    convex, plain, sim, batched, batched_seq = report["runs"]
     assert plain["engine"] == "plain loop" and plain["param_device"] == "cpu"
     assert sim["engine"] == "flower-simulation" and sim["num_gpus"] == 0.0 and sim["returncode"] == 0
     assert len(sim["seconds"]) == 3 and sim["rounds_per_s"] > 0 and sim["overhead_vs_plain"] > 0
     assert plain["images_per_s_per_client"] > 0 and sim["images_per_s"] > 0
-    assert batched["engine"] == "batched" and batched["returncode"] == 0 and len(batched["seconds"]) == 3
-    assert batched["rounds_per_s"] > 0 and "peak_cuda_memory_mib" not in batched  # CPU: no GPU memory to report
-    assert all(c["ok"] for c in report["checks"]) and len(report["checks"]) == 7
+    for run, engine in ((batched, "batched"), (batched_seq, "batched_seq")):
+        assert run["engine"] == engine and run["returncode"] == 0 and len(run["seconds"]) == 3
+        assert run["rounds_per_s"] > 0 and "peak_cuda_memory_mib" not in run  # CPU: no GPU memory to report
+        assert run["loss_last"] == sim["loss_last"]  # the same clients and rounds: the same model (one by one: bitwise)
+    assert convex["engine"] == "batched cpu" and convex["returncode"] == 0 and convex["rounds"] == 4
+    assert convex["s_per_round"] > 0 and convex["pop_loss_last"] > 0 and convex["projected_5000_s"] > 0
+    assert all(c["ok"] for c in report["checks"]) and len(report["checks"]) == 11
     markdown = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| fedavg_cnn | flower-simulation | 0.0 |" in markdown and markdown in proc.stdout
-    assert "| fedavg_cnn | batched | - |" in markdown
+    assert "| fedavg_cnn | batched | - |" in markdown and "| fedavg_cnn | batched_seq | - |" in markdown
+    assert "| batched cpu | 4 |" in markdown

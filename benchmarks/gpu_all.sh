@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Every GPU check of the project, one after another, on a CUDA machine (docs/benchmarks.md "GPU check"):
+#   benchmarks/gpu_all.sh OUT [DATA]
+# OUT gets environment.txt, gpu_equality.{md,json,log} (benchmarks/gpu_equality.py: the batched engine on CUDA
+# against the ClientApp on CPU) and gpu_check.{md,json,log} (benchmarks/gpu_check.py: speed of the presets and of
+# the convex study's run). DATA: CIFAR-10 as .tar.gz or ImageFolder (default ../shared/data/cifar10-jpeg.tar.gz;
+# generated images when absent). PYTHON (default python3), EQUALITY_TIMEOUT (s, default 200) and CHECK_BUDGET
+# (s, default 240) from the environment. Exit status: 0 when every check passed.
+set -uo pipefail
+out=${1:?usage: benchmarks/gpu_all.sh OUT [DATA]}
+data=${2:-../shared/data/cifar10-jpeg.tar.gz}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+{
+  "$py" -c 'import platform, torch, flwr, os; print("python", platform.python_version(), "torch", torch.__version__,
+"cuda", torch.version.cuda, "flwr", flwr.__version__, "cpus", os.cpu_count())'
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+} > "$out/environment.txt"
+cat "$out/environment.txt"
+timeout "${EQUALITY_TIMEOUT:-200}" "$py" benchmarks/gpu_equality.py --out "$work/equality" > "$out/gpu_equality.log" 2>&1
+equality=$?
+cp "$work"/equality/gpu_equality.{md,json} "$out"/ 2>/dev/null
+echo "gpu_equality: exit $equality"
+"$py" benchmarks/gpu_check.py --data "$data" --rounds 4 --convex-rounds 1000 --budget "${CHECK_BUDGET:-240}" \
+  --out "$out" > "$out/gpu_check.log" 2>&1
+check=$?
+echo "gpu_check: exit $check"
+cat "$out"/gpu_equality.md "$out"/gpu_check.md 2>/dev/null
+[ "$equality" = 0 ] && [ "$check" = 0 ]
