@@ -18,8 +18,8 @@ strategies on ``cnn`` and ``logreg``, in *variants*, each a process running ever
 
 ``cpu``          the reference: the ClientApp's handler one client after another, CUDA hidden; bitwise the Ray engine
 ``cpu_stacked``  ``engine.vectorize=true`` on CPU: float32 sums in another order, on the same hardware
-``cuda``         ``engine=batched`` on CUDA, torch's defaults: stacked (vmap); cuDNN may use TF32 for convolutions
-``cuda_fp32``    the same with ``torch.backends.cudnn.allow_tf32 = False``
+``cuda``         ``engine=batched`` on CUDA: stacked (vmap), float32 (TF32 off: :func:`client.train.cuda_precision`)
+``cuda_tf32``    the same with ``FEDMOMENTUM_TF32=1``: cuDNN and cuBLAS round float32 products to TF32
 ``cuda_seq``     ``engine.vectorize=false`` on CUDA: the ClientApp's handler trains each client on the GPU
 
 It reports the normwise relative difference of each final model and the largest relative difference of the
@@ -60,13 +60,13 @@ ALGORITHM_MODELS = ("logreg", "cnn", "resnet20")
 SMOKE_CASES = (("logreg", "cnn"), ("fedcm", "ghbm"))  # part A under --cpu-smoke
 SIZES = (20, 13, 7)  # part A's clients: 3, 2 and 1 steps of B = 8, smaller last batches
 MEAN, STD = (0.5, 0.4, 0.45), (0.25, 0.2, 0.22)
-# variant -> (environment, BatchedGrid device and vectorize, cuDNN TF32 allowed)
-VARIANTS: dict[str, tuple[dict[str, str], dict[str, Any], bool]] = {
-    "cpu": ({"CUDA_VISIBLE_DEVICES": ""}, {"device": "cpu", "vectorize": False}, True),
-    "cpu_stacked": ({"CUDA_VISIBLE_DEVICES": ""}, {"device": "cpu", "vectorize": True}, True),
-    "cuda": ({}, {"device": "cuda", "vectorize": None}, True),
-    "cuda_fp32": ({}, {"device": "cuda", "vectorize": None}, False),
-    "cuda_seq": ({}, {"device": "cuda", "vectorize": False}, True),
+# variant -> (environment, BatchedGrid device and vectorize)
+VARIANTS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    "cpu": ({"CUDA_VISIBLE_DEVICES": ""}, {"device": "cpu", "vectorize": False}),
+    "cpu_stacked": ({"CUDA_VISIBLE_DEVICES": ""}, {"device": "cpu", "vectorize": True}),
+    "cuda": ({"FEDMOMENTUM_TF32": "0"}, {"device": "cuda", "vectorize": None}),
+    "cuda_tf32": ({"FEDMOMENTUM_TF32": "1"}, {"device": "cuda", "vectorize": None}),
+    "cuda_seq": ({"FEDMOMENTUM_TF32": "0"}, {"device": "cuda", "vectorize": False}),
 }
 
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("gpu_equality: skipped: no CUDA device is visible; run it on a GPU machine (or --cpu-smoke)")
         return 0
-    variants = ["cpu", "cpu_stacked"] + ([] if args.cpu_smoke else ["cuda", "cuda_fp32", "cuda_seq"])
+    variants = ["cpu", "cpu_stacked"] + ([] if args.cpu_smoke else ["cuda", "cuda_tf32", "cuda_seq"])
     args.out.mkdir(parents=True, exist_ok=True)
     root = args.out / "runs"
     _make_data(root)
@@ -217,8 +217,7 @@ def _run_variant(name: str, root: Path, strategies: list[str]) -> None:
     from server.run.app import run_experiment
     from server.run.config import CONF_DIR
 
-    _env, grid_kwargs, tf32 = VARIANTS[name]
-    torch.backends.cudnn.allow_tf32 = tf32
+    grid_kwargs = VARIANTS[name][1]
     torch.set_num_threads(1)
     data = root / "data"
     for strategy in strategies:
