@@ -23,12 +23,14 @@ strategies on ``cnn`` and ``logreg``, in *variants*, each a process running ever
 ``cuda_seq``     ``engine.vectorize=false`` on CUDA: the ClientApp's handler trains each client on the GPU
 
 It reports the normwise relative difference of each final model and the largest relative difference of the
-metrics ``train_loss``, ``loss_before``, ``update_norm``, ``loss`` against ``cpu``. logreg is checked against
-:data:`FP32_TOL`. The CNN is not checked here: float32 rounding differences grow by ~50× a round at its learning rate
-(measured on CPU: cpu_stacked differs from cpu by up to 2e-2 after 3 rounds while round 1 agrees to 1e-7), so its
-rows are set beside ``cpu_stacked``'s, and part A is the CNN's check. ``--cpu-smoke``: part A on CPU for
-:data:`SMOKE_CASES`, part B with ``cpu`` and ``cpu_stacked``. Writes ``<out>/gpu_equality.{json,md}``; exits 1 if a
-check failed.
+metrics ``train_loss``, ``loss_before``, ``update_norm``, ``loss`` against ``cpu``; logreg's float32 rows are checked
+against :data:`FP32_TOL`, ``cuda_tf32``'s rows are reported only. The CNN's rows are not checked: on this project's
+2-core development machine ``cpu_stacked`` itself differs from ``cpu`` by up to 2e-2 after 3 rounds while round 1
+agrees to 1e-7 (on the H200 machine's CPU: 4.5e-7), so a tolerance that holds on every CPU would check nothing;
+part A is the CNN's check. Measured on an H200 (docs/benchmarks.md "GPU check"): ``cuda`` and ``cuda_seq`` within
+1.4e-6 of ``cpu`` for the CNN, 1.1e-5 for logreg; ``cuda_tf32`` up to 8.9e-2 (CNN) and 4e-4 (logreg).
+``--cpu-smoke``: part A on CPU for :data:`SMOKE_CASES`, part B with ``cpu`` and ``cpu_stacked``.
+Writes ``<out>/gpu_equality.{json,md}``; exits 1 if a check failed.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ STRATEGIES = {
 MODELS = ("cnn", "logreg")
 NUM_CLIENTS = 4
 METRICS = ("train_loss", "loss_before", "update_norm", "loss")
-FP32_TOL = 1e-4  # logreg, float32, 3 rounds (measured on CPU: cpu_stacked within 1.3e-6 of cpu)
+FP32_TOL = 1e-4  # logreg, float32, 3 rounds (measured: cpu_stacked within 1.3e-6 of cpu, CUDA within 1.1e-5)
 F64_TOL = 1e-10  # part A: float64 (CPU stacked vs loop: within 1e-12, tests/client/test_stacked.py)
 ALGORITHMS = ("fedavgm", "fedcm", "localupdate", "ghbm", "localghbm", "fedhbm")
 ALGORITHM_MODELS = ("logreg", "cnn", "resnet20")
@@ -251,7 +253,8 @@ def _compare(root: Path, variants: list[str], strategies: list[str]) -> list[dic
                 model_diff = _relative(_final_model(run), _final_model(ref))
                 metric_diff = _metric_difference(run, ref)
                 stacked = int((run / "stacked_rounds.txt").read_text())
-                ok = None if model == "cnn" else model_diff <= FP32_TOL and metric_diff <= 100 * FP32_TOL
+                checked = model != "cnn" and name != "cuda_tf32"  # TF32: reported, not float32
+                ok = model_diff <= FP32_TOL and metric_diff <= 100 * FP32_TOL if checked else None
                 rows.append({"variant": name, "strategy": strategy, "model": model, "stacked_rounds": stacked,
                              "model_difference": model_diff, "metric_difference": metric_diff, "ok": ok})
     return rows
