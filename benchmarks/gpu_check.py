@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu_check"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
-    parser.add_argument("--shares", nargs="+", type=float, default=[0.25, 1.0], help="backend.num_gpus values")
+    parser.add_argument("--shares", nargs="*", type=float, help="backend.num_gpus values of the Ray runs "
+                        "(default 0.25 1.0; --cpu-smoke: 0); none: no Ray run")
     parser.add_argument("--generated-per-class", type=int, default=1000, help="train images per class")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole check")
     parser.add_argument("--cpu-smoke", action="store_true", help="run the pipeline on CPU (no device checks)")
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
               "run it on a GPU machine")
         return 0
     deadline = time.time() + args.budget
-    shares = [0.0] if args.cpu_smoke else args.shares
+    shares = args.shares if args.shares is not None else [0.0] if args.cpu_smoke else [0.25, 1.0]
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         data = _data(args.data, Path(tmp), args.generated_per_class)

@@ -188,3 +188,21 @@ def test_get_device_follows_the_engines_choice(monkeypatch) -> None:
         assert get_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
     finally:
         get_device.cache_clear()
+
+
+def test_float32_on_cuda_stays_float32_unless_asked(monkeypatch) -> None:
+    """cuda_precision turns TF32 off for cuDNN and cuBLAS (torch allows it for cuDNN by default); FEDMOMENTUM_TF32=1
+    turns it on (the flags can be set without a GPU)."""
+    from client.train import TF32_ENV, cuda_precision
+
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        monkeypatch.delenv(TF32_ENV, raising=False)
+        assert cuda_precision() is False
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        monkeypatch.setenv(TF32_ENV, "1")
+        assert cuda_precision() is True
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before

@@ -114,3 +114,27 @@ def test_messages_the_grid_cannot_serve_get_error_replies():
     ok = Message(content, NODE_BASE + 1, "query")
     (reply,) = grid.send_and_receive([ok])
     assert reply.content["config"]["partition-id"] == 1 and not reply.has_error()
+
+
+def test_engine_device_is_set_for_the_run_and_restored_after(tiny_data, tmp_path, monkeypatch):
+    """engine.device=cpu reaches the ClientApp's own device choice (``$FEDMOMENTUM_DEVICE``) during the run, on a
+    GPU machine too, and the variable is restored afterwards."""
+    from client import train
+    from server.batched import engine
+
+    seen = []
+    real = engine.run_experiment
+
+    def spy(grid, cfg, run_dir):
+        seen.append((engine.os.environ.get(train.DEVICE_ENV), train.get_device()))
+        return real(grid, cfg, run_dir)
+
+    monkeypatch.setattr(engine, "run_experiment", spy)
+    monkeypatch.setenv(train.DEVICE_ENV, "meta")  # whatever was there before the run comes back after it
+    cfg = make_cfg(tiny_data, tmp_path / "run", "engine=batched", "engine.workers=1", "engine.device=cpu",
+                   "num_rounds=1", "model=logreg")
+    engine.simulate(cfg)
+    assert seen == [("cpu", train.torch.device("cpu"))]
+    assert engine.os.environ[train.DEVICE_ENV] == "meta"
+    monkeypatch.delenv(train.DEVICE_ENV)
+    train.get_device.cache_clear()
