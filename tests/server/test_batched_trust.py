@@ -116,6 +116,7 @@ def test_messages_the_grid_cannot_serve_get_error_replies():
     assert reply.content["config"]["partition-id"] == 1 and not reply.has_error()
 
 
+@pytest.mark.e2e
 def test_engine_device_is_set_for_the_run_and_restored_after(tiny_data, tmp_path, monkeypatch):
     """engine.device=cpu reaches the ClientApp's own device choice (``$FEDMOMENTUM_DEVICE``) during the run, on a
     GPU machine too, and the variable is restored afterwards."""
