@@ -4,8 +4,9 @@
 # OUT gets environment.txt, gpu_equality.{md,json,log} (benchmarks/gpu_equality.py: the batched engine on CUDA
 # against the ClientApp on CPU) and gpu_check.{md,json,log} (benchmarks/gpu_check.py: speed of the presets and of
 # the convex study's run). DATA: CIFAR-10 as .tar.gz or ImageFolder (default ../shared/data/cifar10-jpeg.tar.gz;
-# generated images when absent). PYTHON (default python3), EQUALITY_TIMEOUT (s, default 200) and CHECK_BUDGET
-# (s, default 240) from the environment. Exit status: 0 when every check passed.
+# generated images when absent). PYTHON (default python3), EQUALITY_TIMEOUT (s, default 200), CHECK_BUDGET
+# (s, default 240) and CONCURRENT (e.g. "8 16": then benchmarks/gpu_concurrent.sh too, ~3 min more) from the
+# environment. On a machine without Flower: benchmarks/gpu_wheels.txt. Exit status: 0 when every check passed.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu_all.sh OUT [DATA]}
 data=${2:-../shared/data/cifar10-jpeg.tar.gz}
@@ -27,5 +28,10 @@ echo "gpu_equality: exit $equality"
   --out "$out" > "$out/gpu_check.log" 2>&1
 check=$?
 echo "gpu_check: exit $check"
+if [ -n "${CONCURRENT:-}" ]; then
+  # shellcheck disable=SC2086  # CONCURRENT is a list of counts
+  benchmarks/gpu_concurrent.sh "$out" "$data" 200 $CONCURRENT > "$out/gpu_concurrent.log" 2>&1
+  cat "$out/concurrent.txt" 2>/dev/null
+fi
 cat "$out"/gpu_equality.md "$out"/gpu_check.md 2>/dev/null
 [ "$equality" = 0 ] && [ "$check" = 0 ]
