@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from client.environment import DEVICE_ENV, tf32_allowed
 from client.examples import Examples, ImageExamples
 from strategies import protocol as P
 from strategies.math import (
@@ -102,10 +103,6 @@ class TrainResult:
     metrics: dict[str, int | float]
 
 
-DEVICE_ENV = "FEDMOMENTUM_DEVICE"  # cpu | cuda: set by the batched engine's engine.device (inherited by its workers)
-TF32_ENV = "FEDMOMENTUM_TF32"  # 1 = let cuDNN and cuBLAS round float32 products to TF32 (faster, ~1e-3 relative)
-
-
 @lru_cache(maxsize=1)
 def get_device() -> torch.device:
     """``$FEDMOMENTUM_DEVICE`` when set, else CUDA when available, else CPU; decided once per process."""
@@ -118,10 +115,10 @@ def get_device() -> torch.device:
 
 def cuda_precision() -> bool:
     """Float32 on CUDA means float32: TF32 off for cuDNN convolutions (on by torch's default) and cuBLAS matrix
-    products, unless ``$FEDMOMENTUM_TF32=1``. With TF32, a CNN's model after 3 rounds differed from the CPU's by up to
-    5e-2 normwise; without it, by 1.4e-6, as CPU paths differ among themselves (docs/benchmarks.md "GPU check").
-    Returns whether TF32 is allowed."""
-    tf32 = os.environ.get(TF32_ENV, "0") == "1"
+    products, unless ``$FEDMOMENTUM_TF32=1`` (:mod:`client.environment`). With TF32, a CNN's model after 3 rounds
+    differed from the CPU's by up to 5e-2 normwise; without it, by 1.4e-6, as CPU paths differ among themselves
+    (docs/benchmarks.md "GPU check"). Returns whether TF32 is allowed."""
+    tf32 = tf32_allowed()
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     return tf32

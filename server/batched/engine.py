@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from flwr.common.logger import log
 
+from client.environment import DEVICE_ENV
 from client.models import build_model
-from client.train import DEVICE_ENV, get_device
+from client.train import get_device
 from server.batched.grid import BatchedGrid
 from server.batched.workers import WorkerPool, available_cores
 from server.run import build, quiet

@@ -82,12 +82,23 @@ def _validate_eval_tail_at(cfg: dict[str, Any]) -> None:
             raise ConfigError(f"'eval_tail_at' holds rounds in 1..num_rounds ({cfg['num_rounds']}), got {t!r}")
 
 
+def _validate_environment() -> None:
+    """``$FEDMOMENTUM_TF32`` and ``$FEDMOMENTUM_DEVICE`` (client/environment.py), read by every client process."""
+    from client.environment import check_environment
+
+    try:
+        check_environment()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     """Check every key an experiment reads; absolutise paths in place. Returns ``cfg``.
 
     ``check_paths=False`` skips the existence check of ``data.root`` (a host that only submits a run to a
     remote SuperLink need not hold the data; the ServerApp validates again where it runs).
     """
+    _validate_environment()
     _positive_int(cfg, "num_rounds")
     natural = _validate_natural(cfg, check_paths)
     num_clients = _positive_int(cfg, "num_clients")

@@ -177,7 +177,8 @@ def test_fedhbm_step_pulls_away_from_its_anchor(client_data) -> None:
 
 def test_get_device_follows_the_engines_choice(monkeypatch) -> None:
     """``$FEDMOMENTUM_DEVICE`` (set by engine.device of the batched engine) decides where the ClientApp trains."""
-    from client.train import DEVICE_ENV, get_device
+    from client.environment import DEVICE_ENV
+    from client.train import get_device
 
     monkeypatch.setenv(DEVICE_ENV, "meta")
     get_device.cache_clear()
@@ -193,7 +194,8 @@ def test_get_device_follows_the_engines_choice(monkeypatch) -> None:
 def test_float32_on_cuda_stays_float32_unless_asked(monkeypatch) -> None:
     """cuda_precision turns TF32 off for cuDNN and cuBLAS (torch allows it for cuDNN by default); FEDMOMENTUM_TF32=1
     turns it on (the flags can be set without a GPU)."""
-    from client.train import TF32_ENV, cuda_precision
+    from client.environment import TF32_ENV
+    from client.train import cuda_precision
 
     before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:

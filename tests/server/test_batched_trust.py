@@ -121,21 +121,22 @@ def test_engine_device_is_set_for_the_run_and_restored_after(tiny_data, tmp_path
     """engine.device=cpu reaches the ClientApp's own device choice (``$FEDMOMENTUM_DEVICE``) during the run, on a
     GPU machine too, and the variable is restored afterwards."""
     from client import train
+    from client.environment import DEVICE_ENV
     from server.batched import engine
 
     seen = []
     real = engine.run_experiment
 
     def spy(grid, cfg, run_dir):
-        seen.append((engine.os.environ.get(train.DEVICE_ENV), train.get_device()))
+        seen.append((engine.os.environ.get(DEVICE_ENV), train.get_device()))
         return real(grid, cfg, run_dir)
 
     monkeypatch.setattr(engine, "run_experiment", spy)
-    monkeypatch.setenv(train.DEVICE_ENV, "meta")  # whatever was there before the run comes back after it
+    monkeypatch.setenv(DEVICE_ENV, "meta")  # whatever was there before the run comes back after it
     cfg = make_cfg(tiny_data, tmp_path / "run", "engine=batched", "engine.workers=1", "engine.device=cpu",
                    "num_rounds=1", "model=logreg")
     engine.simulate(cfg)
     assert seen == [("cpu", train.torch.device("cpu"))]
-    assert engine.os.environ[train.DEVICE_ENV] == "meta"
-    monkeypatch.delenv(train.DEVICE_ENV)
+    assert engine.os.environ[DEVICE_ENV] == "meta"
+    monkeypatch.delenv(DEVICE_ENV)
     train.get_device.cache_clear()

@@ -29,3 +29,19 @@ def test_a_bad_config_exits_2_without_heavy_imports(argv, tmp_path):
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert out.stdout.strip().splitlines()[-1] == "exit 2 loaded []", out.stdout + out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("variable, value", [("FEDMOMENTUM_TF32", "yes"), ("FEDMOMENTUM_DEVICE", "gpu")])
+def test_a_bad_environment_variable_exits_2_naming_it(variable, value, tmp_path):
+    """$FEDMOMENTUM_TF32 / $FEDMOMENTUM_DEVICE (client/environment.py) are checked with the config: one line, exit 2,
+    before torch is imported."""
+    code = ("import sys; sys.argv = ['cli', 'num_clients=4']\n"
+            "from server.run.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as end:\n"
+            f"    loaded = [m for m in {HEAVY!r} if m in sys.modules]\n"
+            "    print('exit', end.code, 'loaded', loaded)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                              variable: value})
+    assert out.stdout.strip().splitlines()[-1] == "exit 2 loaded []", out.stdout + out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and f"${variable}" in out.stderr and repr(value) in out.stderr
