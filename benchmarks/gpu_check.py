@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true", help="run the pipeline on CPU (no device checks)")
     parser.add_argument("--convex-rounds", type=int, default=1000, help="rounds of the convex run on CUDA (0: none)")
     args = parser.parse_args(argv)
+    if args.rounds < 2 or args.convex_rounds < 0 or args.budget <= 0 or any(s < 0 for s in args.shares or []):
+        parser.error("--rounds must be >= 2 (round 1 pays the start-up), --convex-rounds >= 0, --budget > 0 and "
+                     "--shares >= 0")
 
     import torch
 
@@ -243,8 +246,7 @@ def _check_convex(report: dict[str, Any], data: Path, tmp: Path, rounds: int, cp
         run_dir = tmp / f"convex-{device}"
         cmd = [*flower_simulation(), *CONVEX, f"data.root={data}", f"data.cache_dir={tmp / 'cache'}",
                f"num_rounds={n}", f"eval_tail={min(100 if device == 'cuda' else 10, n)}", f"checkpoint_every={n}",
-               "plots=false",
-               f"engine.device={device}", f"hydra.run.dir={run_dir}"]
+               "plots=false", f"engine.device={device}", f"hydra.run.dir={run_dir}"]
         t0 = time.time()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left,

@@ -8,11 +8,16 @@
 # default auto) from the environment.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu_concurrent.sh OUT DATA [ROUNDS [N ...]]}
-data=$(realpath "${2:?usage: benchmarks/gpu_concurrent.sh OUT DATA [ROUNDS [N ...]]}")
+data=${2:?usage: benchmarks/gpu_concurrent.sh OUT DATA [ROUNDS [N ...]]}
+[ -e "$data" ] || { echo "gpu_concurrent.sh: no data at '$data'" >&2; exit 2; }
+data=$(realpath "$data")
 rounds=${3:-200}
 shift $(( $# < 3 ? $# : 3 ))
 counts=${*:-8 16}
 py=${PYTHON:-python3}
+for n in "$rounds" $counts; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "gpu_concurrent.sh: ROUNDS and N must be positive integers, got '$n'" >&2; exit 2; }
+done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$out"

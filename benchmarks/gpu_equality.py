@@ -45,13 +45,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]  # the project, datagen
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]  # the project, datagen, engine_cases
 
-STRATEGIES = {
-    "fedavg": [], "fedavgm": ["strategy=fedavgm", "strategy.momentum=0.9"], "fedcm": ["strategy=fedcm"],
-    "localupdate": ["strategy=localupdate"], "localupdate_decay": ["strategy=localupdate_decay"],
-    "ghbm": ["strategy=ghbm", "strategy.tau=2"], "localghbm": ["strategy=localghbm"], "fedhbm": ["strategy=fedhbm"],
-}
+from engine_cases import MEAN, STD, STRATEGIES, stacked_clients, train_one_by_one  # noqa: E402
+
 MODELS = ("cnn", "logreg")
 NUM_CLIENTS = 4
 METRICS = ("train_loss", "loss_before", "update_norm", "loss")
@@ -60,8 +57,6 @@ F64_TOL = 1e-10  # part A: float64 (CPU stacked vs loop: within 1e-12, tests/cli
 ALGORITHMS = ("fedavgm", "fedcm", "localupdate", "ghbm", "localghbm", "fedhbm")
 ALGORITHM_MODELS = ("logreg", "cnn", "resnet20")
 SMOKE_CASES = (("logreg", "cnn"), ("fedcm", "ghbm"))  # part A under --cpu-smoke
-SIZES = (20, 13, 7)  # part A's clients: 3, 2 and 1 steps of B = 8, smaller last batches
-MEAN, STD = (0.5, 0.4, 0.45), (0.25, 0.2, 0.22)
 # variant -> (environment, BatchedGrid device and vectorize)
 VARIANTS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "cpu": ({"CUDA_VISIBLE_DEVICES": ""}, {"device": "cpu", "vectorize": False}),
@@ -126,10 +121,11 @@ def _algorithm_rows(device: Any, cases: tuple[tuple[str, ...], tuple[str, ...]] 
             for algorithm in algorithms:
                 torch.manual_seed(0)
                 model = build_model(model_name)
-                clients = _clients(algorithm, model, np.random.default_rng(4))
-                expected = [_loop(model_name, c, torch.device("cpu")) for c in clients]
+                clients = stacked_clients(algorithm, model, np.random.default_rng(4), weight_decay=1e-3,
+                                          augment=True)
+                expected = train_one_by_one(model_name, clients)
                 got = {"stacked": stacked_local_train(model, clients, MEAN, STD, device),
-                       "one by one": [_loop(model_name, c, device) for c in clients]}
+                       "one by one": train_one_by_one(model_name, clients, device)}
                 for how, results in got.items():
                     diff = max(_relative({k: v.numpy() for k, v in g.arrays.items()},
                                          {k: v.numpy() for k, v in e.arrays.items()})
@@ -140,43 +136,6 @@ def _algorithm_rows(device: Any, cases: tuple[tuple[str, ...], tuple[str, ...]] 
     finally:
         torch.set_default_dtype(torch.float32)
     return rows
-
-
-def _clients(algorithm: str, model: Any, rng: Any) -> list[Any]:
-    """Three clients of random images with unequal sizes, shifted initial models and each algorithm's extras."""
-    import numpy as np
-
-    from client.stacked import ClientInput
-    from client.train import TrainConfig
-
-    state = {k: v.numpy() for k, v in model.state_dict().items()}
-    out = []
-    for pid, n in enumerate(SIZES):
-        x = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
-        y = rng.integers(0, 10, n)
-        initial = {k: v + 0.01 * pid for k, v in state.items()}
-        noise = {k: rng.normal(size=v.shape) * 0.01 for k, v in state.items()}
-        extra = {"fedcm": {"correction": noise}, "ghbm": {"momentum_term": noise},
-                 "localghbm": {"momentum_term": noise},
-                 "fedhbm": {"anchor": {k: v + noise[k] for k, v in initial.items()}}}.get(algorithm, {})
-        cfg = TrainConfig(algorithm=algorithm, client_lr=0.05, momentum=0.9, batch_size=8, weight_decay=1e-3,
-                          theta="fomaml" if algorithm == "localupdate" else None, seed=3, server_round=2,
-                          partition_id=pid, participation=0.5, augment=True)
-        out.append(ClientInput(x, y, cfg, initial, **extra))
-    return out
-
-
-def _loop(model_name: str, c: Any, device: Any) -> Any:
-    """One client through :func:`client.train.local_train` (the ClientApp's training) on ``device``."""
-    import torch
-
-    from client.models import build_model
-    from client.train import local_train
-
-    model = build_model(model_name)
-    model.load_state_dict({k: torch.as_tensor(v) for k, v in c.initial.items()})
-    return local_train(model.to(device), c.x, c.y, MEAN, STD, c.cfg, correction=c.correction,
-                       momentum_term=c.momentum_term, anchor=c.anchor, device=device)
 
 
 def _make_data(root: Path) -> None:

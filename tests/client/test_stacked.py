@@ -3,13 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from engine_cases import MEAN, STD, stacked_clients, train_one_by_one
 
 from client.models import build_model
-from client.stacked import ClientInput, can_stack, stacked_local_train
-from client.train import TrainConfig, local_train
+from client.stacked import can_stack, stacked_local_train
 
-MEAN, STD = (0.5, 0.4, 0.45), (0.25, 0.2, 0.22)
-SIZES = (20, 13, 7)  # unequal clients: 3, 2 and 1 steps of B = 8, smaller last batches
 TOL = 1e-5  # max |diff| / max |expected| per array: float32 (eps 1.2e-7) sums in another order, over a few steps
 
 
@@ -20,45 +18,13 @@ def assert_close(got, expected, what=""):
     assert float(np.abs(got - expected).max()) <= TOL * scale, what
 
 
-def _clients(algorithm, model, rng, **cfg):
-    state = {k: v.numpy() for k, v in model.state_dict().items()}
-    out = []
-    for pid, n in enumerate(SIZES):
-        x = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
-        y = rng.integers(0, 10, n)
-        initial = {k: v + 0.01 * pid for k, v in state.items()}
-        noise = {k: rng.normal(size=v.shape).astype(np.float32) * 0.01 for k, v in state.items()}
-        extra = {}
-        if algorithm == "fedcm":
-            extra["correction"] = noise
-        elif algorithm in ("ghbm", "localghbm"):
-            extra["momentum_term"] = noise
-        elif algorithm == "fedhbm":
-            extra["anchor"] = {k: v + noise[k] for k, v in initial.items()}
-        theta = "fomaml" if algorithm == "localupdate" else None
-        tc = TrainConfig(algorithm=algorithm, client_lr=0.05, momentum=0.9, batch_size=8, theta=theta, seed=3,
-                         server_round=2, partition_id=pid, participation=0.5, **cfg)
-        out.append(ClientInput(x, y, tc, initial, **extra))
-    return out
-
-
-def _sequential(model_name, clients):
-    results = []
-    for c in clients:
-        model = build_model(model_name)
-        model.load_state_dict({k: torch.as_tensor(v) for k, v in c.initial.items()})
-        results.append(local_train(model, c.x, c.y, MEAN, STD, c.cfg, correction=c.correction,
-                                   momentum_term=c.momentum_term, anchor=c.anchor, device=torch.device("cpu")))
-    return results
-
-
 @pytest.mark.parametrize("model_name", ["logreg", "cnn"])
 @pytest.mark.parametrize("algorithm", ["fedavgm", "fedcm", "localupdate", "ghbm", "localghbm", "fedhbm"])
 def test_stacked_equals_one_client_loop(algorithm, model_name):
     torch.manual_seed(0)
     model = build_model(model_name)
-    clients = _clients(algorithm, model, np.random.default_rng(1), weight_decay=1e-3, augment=True)
-    expected = _sequential(model_name, clients)
+    clients = stacked_clients(algorithm, model, np.random.default_rng(1), weight_decay=1e-3, augment=True)
+    expected = train_one_by_one(model_name, clients)
     got = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
     for e, g in zip(expected, got):
         assert list(e.arrays) == list(g.arrays)
@@ -88,8 +54,8 @@ def test_stacked_is_the_same_algorithm_in_float64(float64, algorithm, model_name
     lr 0.05 from a loss of 5.7), so it is checked here, in the precision where rounding cannot hide a bug."""
     torch.manual_seed(0)
     model = build_model(model_name)
-    clients = _clients(algorithm, model, np.random.default_rng(4), weight_decay=1e-3, augment=True)
-    expected = _sequential(model_name, clients)
+    clients = stacked_clients(algorithm, model, np.random.default_rng(4), weight_decay=1e-3, augment=True)
+    expected = train_one_by_one(model_name, clients)
     got = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
     for e, g in zip(expected, got):
         for k in e.arrays:
@@ -103,10 +69,10 @@ def test_stacked_is_the_same_algorithm_in_float64(float64, algorithm, model_name
 def test_a_diverging_client_stops_alone():
     """A client whose loss turns non-finite stops there and says nonfinite; the others train on."""
     model = build_model("logreg")
-    clients = _clients("fedavgm", model, np.random.default_rng(2))
+    clients = stacked_clients("fedavgm", model, np.random.default_rng(2))
     clients[1].cfg.client_lr = clients[0].cfg.client_lr  # all share the round's settings
     clients[1].initial = {k: np.full_like(v, np.inf) for k, v in clients[1].initial.items()}
-    expected = _sequential("logreg", clients)
+    expected = train_one_by_one("logreg", clients)
     got = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
     assert [g.metrics["nonfinite"] for g in got] == [e.metrics["nonfinite"] for e in expected] == [0, 1, 0]
     assert got[1].metrics["num-steps"] == expected[1].metrics["num-steps"] == 0
@@ -132,9 +98,9 @@ def test_closed_form_logreg_equals_vmap_and_the_loop(float64, monkeypatch, algor
 
     model = build_model("logreg")
     assert stacked._chunk_class(model) is LinearChunk and stacked._chunk_class(build_model("cnn")) is stacked._Chunk
-    clients = _clients(algorithm, model, np.random.default_rng(5), weight_decay=1e-3, augment=augment,
+    clients = stacked_clients(algorithm, model, np.random.default_rng(5), weight_decay=1e-3, augment=augment,
                        loss_before_batches=loss_before_batches)
-    expected = _sequential("logreg", clients)
+    expected = train_one_by_one("logreg", clients)
     closed = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
     monkeypatch.setattr(stacked, "_chunk_class", lambda m: stacked._Chunk)
     generic = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))

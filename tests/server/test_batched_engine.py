@@ -12,6 +12,7 @@ stacked (vmap), where float32 sums may run in another order, so its final model 
 
 import numpy as np
 import pytest
+from engine_cases import STRATEGIES
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
@@ -26,11 +27,6 @@ from server.run.app import run_experiment
 from server.run.config import CONF_DIR
 
 STACKED_TOL = 1e-5
-STRATEGIES = {
-    "fedavg": [], "fedavgm": ["strategy=fedavgm", "strategy.momentum=0.9"], "fedcm": ["strategy=fedcm"],
-    "localupdate": ["strategy=localupdate"], "localupdate_decay": ["strategy=localupdate_decay"],
-    "ghbm": ["strategy=ghbm", "strategy.tau=2"], "localghbm": ["strategy=localghbm"], "fedhbm": ["strategy=fedhbm"],
-}
 MODELS = ("cnn", "logreg")
 NUM_CLIENTS = 4
 

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_check.py: skips cleanly without CUDA, and its pipeline runs end to end (CPU smoke mode)."""
+"""benchmarks/gpu_check.py and gpu_equality.py: each skips cleanly without CUDA, and each pipeline runs end to end
+on CPU (``--cpu-smoke``)."""
 
 import json
 import subprocess
@@ -9,21 +10,29 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
-def _run(*args, timeout=60):
+def _run(*args, script="gpu_check", timeout=60):
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "local",
            "HOME": str(Path.home())}
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run")
-def test_without_cuda_it_says_it_skipped_and_exits_0(tmp_path):
-    proc = _run("--out", tmp_path / "out")
+@pytest.mark.parametrize("script", ["gpu_check", "gpu_equality"])
+def test_without_cuda_it_says_it_skipped_and_exits_0(script, tmp_path):
+    proc = _run("--out", tmp_path / "out", script=script)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("gpu_check: skipped: no CUDA device")
+    assert proc.stdout.startswith(f"{script}: skipped: no CUDA device")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["--convex-rounds", "-1"], ["--rounds", "1"], ["--budget", "0"],
+                                  ["--shares", "-0.5"]])
+def test_bad_arguments_are_one_line_and_exit_2(args, tmp_path):
+    proc = _run(*args, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "error: --rounds must be >= 2" in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "out").exists()
 
 
@@ -54,3 +63,26 @@ def test_cpu_smoke_runs_the_whole_pipeline(tmp_path):
     assert markdown in proc.stdout and "flower-simulation" not in markdown
     assert "| fedavg_cnn | batched | - |" in markdown and "| fedavg_cnn | batched_seq | - |" in markdown
     assert "| batched cpu | 4 |" in markdown
+
+
+@pytest.mark.e2e
+def test_equality_cpu_smoke_compares_stacked_and_one_by_one(tmp_path):
+    """Part A in float64 (stacked vs the loop: rounding only), part B in float32 for two strategies: logreg within
+    the tolerance, the CNN reported; every row names what it compared."""
+    proc = _run("--cpu-smoke", "--strategies", "fedavg", "ghbm", "--out", tmp_path / "out", script="gpu_equality",
+                timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "gpu_equality.json").read_text())
+    algorithm = report["algorithm"]
+    ways = ("stacked on cpu", "one by one on cpu")
+    assert {(r["model"], r["algorithm"], r["how"]) for r in algorithm} == {
+        (m, a, h) for m in ("logreg", "cnn") for a in ("fedcm", "ghbm") for h in ways}
+    assert all(r["ok"] and r["difference"] <= 1e-12 for r in algorithm)
+    assert any(r["difference"] > 0 for r in algorithm if r["how"].startswith("stacked"))  # really another path
+    rows = {(r["strategy"], r["model"]): r for r in report["rows"]}
+    assert set(rows) == {(s, m) for s in ("fedavg", "ghbm") for m in ("cnn", "logreg")}
+    assert all(r["variant"] == "cpu_stacked" and r["stacked_rounds"] == 3 for r in rows.values())
+    assert rows["fedavg", "logreg"]["ok"] is True and rows["fedavg", "logreg"]["model_difference"] <= 1e-4
+    assert rows["fedavg", "cnn"]["ok"] is None and 0 < rows["fedavg", "cnn"]["model_difference"] < float("inf")
+    markdown = (tmp_path / "out" / "gpu_equality.md").read_text()
+    assert "## A. The algorithm in float64" in markdown and "| cpu_stacked | ghbm | cnn | 3 |" in markdown
