@@ -79,10 +79,30 @@ def test_equality_cpu_smoke_compares_stacked_and_one_by_one(tmp_path):
         (m, a, h) for m in ("logreg", "cnn") for a in ("fedcm", "ghbm") for h in ways}
     assert all(r["ok"] and r["difference"] <= 1e-12 for r in algorithm)
     assert any(r["difference"] > 0 for r in algorithm if r["how"].startswith("stacked"))  # really another path
-    rows = {(r["strategy"], r["model"]): r for r in report["rows"]}
-    assert set(rows) == {(s, m) for s in ("fedavg", "ghbm") for m in ("cnn", "logreg")}
-    assert all(r["variant"] == "cpu_stacked" and r["stacked_rounds"] == 3 for r in rows.values())
-    assert rows["fedavg", "logreg"]["ok"] is True and rows["fedavg", "logreg"]["model_difference"] <= 1e-4
-    assert rows["fedavg", "cnn"]["ok"] is None and 0 < rows["fedavg", "cnn"]["model_difference"] < float("inf")
+    rows = {(r["variant"], r["strategy"], r["model"]): r for r in report["rows"]}
+    assert set(rows) == {(v, s, m) for v in ("cpu_stacked", "cpu_perturbed") for s in ("fedavg", "ghbm")
+                         for m in ("cnn", "logreg")}
+    assert all(r["stacked_rounds"] == (3 if v == "cpu_stacked" else 0) for (v, _, _), r in rows.items())
+    stacked, nudged = rows["cpu_stacked", "fedavg", "logreg"], rows["cpu_perturbed", "fedavg", "logreg"]
+    assert stacked["ok"] is True and stacked["model_difference"] <= 1e-4 and nudged["ok"] is True
+    for strategy in ("fedavg", "ghbm"):
+        stacked, nudged = rows["cpu_stacked", strategy, "cnn"], rows["cpu_perturbed", strategy, "cnn"]
+        assert stacked["ok"] is None and 0 < stacked["model_difference"] < float("inf")
+        assert 0 < nudged["model_difference"] == stacked["one_ulp_difference"]  # one ulp of θ⁰ changes the CNN
     markdown = (tmp_path / "out" / "gpu_equality.md").read_text()
     assert "## A. The algorithm in float64" in markdown and "| cpu_stacked | ghbm | cnn | 3 |" in markdown
+    assert "| cpu_perturbed | fedavg | cnn | 0 |" in markdown
+
+
+@pytest.mark.e2e
+def test_float32_flips_measures_the_nudge_and_refuses_bad_arguments(tmp_path):
+    """benchmarks/float32_flips.py: in float64 a one-ulp nudge of θ⁰ stays at rounding level over 10 CNN steps (no
+    activation is within 1e-16 of a flip); a bad argument is one line and exit 2."""
+    proc = _run("--dtype", "float64", "--steps", "10", "--per-class", "2", "--work", tmp_path, script="float32_flips")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["model"] == "cnn" and summary["steps"] == 10 and summary["first_flip_step"] is None
+    assert 0 < summary["after_nudge"] < 1e-14 and summary["last"] < 1e-12
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("step ")]) == 10
+    proc = _run("--steps", "4", "--nudge-at", "4", "--work", tmp_path, script="float32_flips")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("--nudge-at must be in 0..3")
