@@ -8,19 +8,27 @@ from engine_cases import MEAN, STD, stacked_clients, train_one_by_one
 from client.models import build_model
 from client.stacked import can_stack, stacked_local_train
 
-TOL = 1e-5  # max |diff| / max |expected| per array: float32 (eps 1.2e-7) sums in another order, over a few steps
+# max |diff| / max |expected| per array in float32, after at most 3 steps. Logistic regression (smooth): sums in
+# another order, measured <= 1.6e-6 over 50 data seeds. The CNN: ReLU and max-pool turn a rounding difference that
+# crosses an activation's edge into a jump (benchmarks/float32_flips.py): over 50 data seeds (rng 0..24 x fedavgm,
+# ghbm) 8 exceed 1e-5, up to 9.3e-3, and which ones depends on the CPU's kernels. So the CNN's float32 bound only
+# catches what float32 alone can break (dtype, non-finite values, a lost client); its algorithm is checked below in
+# float64 to 1e-12, where no activation lies within rounding of its edge.
+TOL = {"logreg": 1e-5, "cnn": 5e-2}
 
 
-def assert_close(got, expected, what=""):
-    """Normwise relative difference max|got - expected| / max|expected| <= TOL (elementwise relative errors are
+def assert_close(got, expected, tol, what=""):
+    """Normwise relative difference max|got - expected| / max|expected| <= tol (elementwise relative errors are
     meaningless for entries that cancel to ~0, e.g. q's sum of gradients)."""
     scale = max(float(np.abs(expected).max()), 1e-12)
-    assert float(np.abs(got - expected).max()) <= TOL * scale, what
+    assert float(np.abs(got - expected).max()) <= tol * scale, what
 
 
 @pytest.mark.parametrize("model_name", ["logreg", "cnn"])
 @pytest.mark.parametrize("algorithm", ["fedavgm", "fedcm", "localupdate", "ghbm", "localghbm", "fedhbm"])
 def test_stacked_equals_one_client_loop(algorithm, model_name):
+    """float32, the engine's precision: the same arrays (dtype, names), steps, examples and loss at θ⁰ (a forward
+    pass only) as the loop, the weights within :data:`TOL`."""
     torch.manual_seed(0)
     model = build_model(model_name)
     clients = stacked_clients(algorithm, model, np.random.default_rng(1), weight_decay=1e-3, augment=True)
@@ -29,11 +37,12 @@ def test_stacked_equals_one_client_loop(algorithm, model_name):
     for e, g in zip(expected, got):
         assert list(e.arrays) == list(g.arrays)
         for k in e.arrays:
-            assert_close(g.arrays[k].numpy(), e.arrays[k].numpy(), k)
+            assert g.arrays[k].dtype == e.arrays[k].dtype == torch.float32, k
+            assert_close(g.arrays[k].numpy(), e.arrays[k].numpy(), TOL[model_name], k)
         for key in ("num-examples", "num-steps", "nonfinite"):
             assert g.metrics[key] == e.metrics[key], key
-        for key in ("loss-before", "train-loss"):
-            assert g.metrics[key] == pytest.approx(e.metrics[key], rel=1e-5), key
+        assert g.metrics["loss-before"] == pytest.approx(e.metrics["loss-before"], rel=1e-5)
+        assert g.metrics["train-loss"] == pytest.approx(e.metrics["train-loss"], rel=TOL[model_name])
 
 
 @pytest.fixture
@@ -47,11 +56,12 @@ def float64():
 
 
 @pytest.mark.parametrize("model_name", ["logreg", "cnn", "resnet20"])
-@pytest.mark.parametrize("algorithm", ["fedavgm", "fedcm", "localupdate", "fedhbm"])
+@pytest.mark.parametrize("algorithm", ["fedavgm", "fedcm", "localupdate", "ghbm", "fedhbm"])
 def test_stacked_is_the_same_algorithm_in_float64(float64, algorithm, model_name):
     """In float64 the stacked path equals the one-client loop to 1e-12 for every model, ResNet-20 (GroupNorm)
-    included. In float32 ResNet-20's few steps amplify rounding (measured: 7e-3 normwise after 3 steps at
-    lr 0.05 from a loss of 5.7), so it is checked here, in the precision where rounding cannot hide a bug."""
+    included. In float32 the ReLU networks' few steps can amplify rounding (ResNet-20: 7e-3 normwise after 3 steps
+    at lr 0.05 from a loss of 5.7; the CNN: :data:`TOL`), so they are checked here, in the precision where rounding
+    cannot hide a bug. (LocalGHBM trains as GHBM with its own momentum term: the same stacked code.)"""
     torch.manual_seed(0)
     model = build_model(model_name)
     clients = stacked_clients(algorithm, model, np.random.default_rng(4), weight_decay=1e-3, augment=True)
@@ -78,7 +88,7 @@ def test_a_diverging_client_stops_alone():
     assert got[1].metrics["num-steps"] == expected[1].metrics["num-steps"] == 0
     for i in (0, 2):
         for k in expected[i].arrays:
-            assert_close(got[i].arrays[k].numpy(), expected[i].arrays[k].numpy(), k)
+            assert_close(got[i].arrays[k].numpy(), expected[i].arrays[k].numpy(), TOL["logreg"], k)
 
 
 def test_models_with_buffers_are_refused():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import IN_PROCESS, run_cli
 from natural_datagen import MAKERS, write
 
 pytestmark = pytest.mark.e2e
@@ -19,12 +19,15 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.parametrize("task, metric", [("femnist", "pop_loss"), ("stackoverflow_tp", "loss_before")])
 def test_seed001_preset_runs(task, metric, tmp_path):
+    """The preset on the Ray engine (stackoverflow_tp; femnist's Ray run is on the two-node cluster of
+    tests/server/test_ray_cluster.py, to the batched engine's model bitwise) and on the batched engine."""
     root = write(MAKERS[task](num_clients=4), tmp_path / "copy")
     run_dir = tmp_path / "run"
     args = [f"+experiment=seed001_{task}", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "num_rounds=2",
             "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1", "eval_every=1",
             "plots=false"]
-    proc = run_cli("flower-simulation", [*args, f"hydra.run.dir={run_dir}"], timeout=400)
+    engine = [*IN_PROCESS] if task == "femnist" else []
+    proc = run_cli("flower-simulation", [*args, *engine, f"hydra.run.dir={run_dir}"], timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     assert [r["round"] for r in rows] == ["0", "1", "2"]
@@ -32,8 +35,10 @@ def test_seed001_preset_runs(task, metric, tmp_path):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["num_clients"] == 4 and config["participation"]["fraction"] == 0.5
     assert (run_dir / "partition.csv").read_text().count("\n") == 5
-    # the batched engine runs the preset too, to the Ray engine's model: femnist's CNN one client after another
-    # through the ClientApp's code (bitwise), stackoverflow_tp's linear model stacked (float32 summation order)
+    if task == "femnist":
+        return
+    # the batched engine runs the preset too, to the Ray engine's model: stackoverflow_tp's linear model stacked
+    # (float32 summation order)
     batched_dir = tmp_path / "batched"
     proc = run_cli("flower-simulation", [*args, "engine=batched", f"hydra.run.dir={batched_dir}"], timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -41,7 +46,7 @@ def test_seed001_preset_runs(task, metric, tmp_path):
     for key in ray_model.files:
         scale = float(np.abs(ray_model[key]).max()) or 1.0
         difference = float(np.abs(batched_model[key] - ray_model[key]).max())
-        assert difference == 0.0 if task == "femnist" else difference <= 1e-5 * scale, key
+        assert difference <= 1e-5 * scale, key
 
 
 def test_offline_download_is_one_line_before_ray(tmp_path):

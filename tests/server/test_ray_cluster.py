@@ -89,12 +89,15 @@ def test_clients_run_on_both_nodes_and_the_model_equals_a_single_node_run(cluste
 
 def test_a_natural_task_runs_on_both_nodes(cluster, tmp_path):
     """Seed 001's femnist preset (generated copy in the hub schema) on the two-node cluster: the driver builds the
-    task's cache, the ClientApp actors of both nodes read it and train (issue 20: every engine)."""
+    task's cache, the ClientApp actors of both nodes read it and train (issue 20: every engine), to the batched
+    engine's model bitwise (the CNN one client after another through the ClientApp's code). This is the femnist
+    preset's Ray run: tests/server/test_natural_e2e.py runs it on the batched engine only."""
     root = write(MAKERS["femnist"](num_clients=4), tmp_path / "copy")
     run_dir = tmp_path / "run"
-    args = ["+experiment=seed001_femnist", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}",
-            "num_rounds=2", "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1",
-            "plots=false", "backend.address=auto", f"hydra.run.dir={run_dir}"]
+    preset = ["+experiment=seed001_femnist", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}",
+              "num_rounds=2", "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1",
+              "eval_every=1", "plots=false"]
+    args = [*preset, "backend.address=auto", f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen([str(BIN / "flower-simulation"), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=ray_env(cluster.ray_tmp))
     seen = _watch_actors(proc, cluster.ray_tmp)
@@ -104,6 +107,12 @@ def test_a_natural_task_runs_on_both_nodes(cluster, tmp_path):
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [0, 1, 2] and all(r["num_replies"] == 2 for r in rows[1:])
     assert {group for group, ran in seen.values() if ran} == set(cluster.groups), f"ClientApp actors seen: {seen}"
+    batched = run_cli("flower-simulation", [*preset, *IN_PROCESS, f"hydra.run.dir={tmp_path / 'batched'}"],
+                      timeout=400)
+    assert batched.returncode == 0, batched.stderr[-3000:]
+    a, b = np.load(run_dir / "final_model.npz"), np.load(tmp_path / "batched" / "final_model.npz")
+    assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+    assert [r["loss"] for r in rows] == [r["loss"] for r in read_metrics(tmp_path / "batched")]
 
 
 def test_a_node_that_cannot_load_the_data_stops_the_run_before_it_starts(cluster, tiny_data, tmp_path):
