@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE)]
 
 from engine_cases import MEAN, STD  # noqa: E402
-from gpu_equality import one_ulp_nudge  # noqa: E402
+from gpu_equality import PERTURB_SEED, one_ulp_nudge, relative  # noqa: E402
 
 from client.augment import normalise, random_crop_flip  # noqa: E402
 from client.models import build_model  # noqa: E402
@@ -81,16 +81,16 @@ def flips(a: Activations, b: Activations) -> dict[str, int]:
     return out
 
 
-def relative(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    """max over parameters of max|a − b| / max|b| (gpu_equality's measure)."""
-    with torch.no_grad():
-        return max(float((p - q).abs().max() / q.abs().max().clamp_min(1e-30))
-                   for p, q in zip(a.parameters(), b.parameters()))
+def difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    """gpu_equality's normwise relative difference of two models' parameters."""
+    def arrays(m: torch.nn.Module) -> dict:
+        return {k: p.detach().numpy() for k, p in m.named_parameters()}
+    return relative(arrays(a), arrays(b))
 
 
 def nudge(model: torch.nn.Module) -> None:
     """Move every parameter entry of ``model`` one ulp (``gpu_equality.one_ulp_nudge``, its seed)."""
-    rng = np.random.default_rng(12345)
+    rng = np.random.default_rng(PERTURB_SEED)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.from_numpy(one_ulp_nudge(p.numpy(), rng)))
@@ -114,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps, --client-lr, --batch-size and --per-class must be positive")
     if not 0 <= args.nudge_at < args.steps:
         parser.error(f"--nudge-at must be in 0..{args.steps - 1}")
+    if args.weight_decay < 0:
+        parser.error("--weight-decay must be >= 0")
+    if args.data is not None and not args.data.is_dir():
+        parser.error(f"--data {args.data}: not a folder (an ImageFolder train/ tree of class folders)")
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(1)
     images, labels = load_images(args.data, args.per_class, args.work)
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             optimiser.zero_grad()
             F.cross_entropy(model(x), y).backward()
             optimiser.step()
-        row = {"step": step, "difference": relative(models[1], models[0]),
+        row = {"step": step, "difference": difference(models[1], models[0]),
                "flips": {k: v for k, v in flips(*acts).items() if v} if acts else {}}
         history.append(row)
         print(f"step {step:4d}  rel. diff {row['difference']:.3g}  " + json.dumps(row["flips"]))

@@ -138,7 +138,7 @@ def _algorithm_rows(device: Any, cases: tuple[tuple[str, ...], tuple[str, ...]] 
                 got = {"stacked": stacked_local_train(model, clients, MEAN, STD, device),
                        "one by one": train_one_by_one(model_name, clients, device)}
                 for how, results in got.items():
-                    diff = max(_relative({k: v.numpy() for k, v in g.arrays.items()},
+                    diff = max(relative({k: v.numpy() for k, v in g.arrays.items()},
                                          {k: v.numpy() for k, v in e.arrays.items()})
                                for g, e in zip(results, expected))
                     steps = all(g.metrics["num-steps"] == e.metrics["num-steps"] for g, e in zip(results, expected))
@@ -251,7 +251,7 @@ def _compare(root: Path, variants: list[str], strategies: list[str]) -> list[dic
         for strategy in strategies:
             for model in MODELS:
                 ref, run = root / "cpu" / f"{strategy}-{model}", root / name / f"{strategy}-{model}"
-                model_diff = _relative(_final_model(run), _final_model(ref))
+                model_diff = relative(_final_model(run), _final_model(ref))
                 metric_diff = _metric_difference(run, ref)
                 stacked = int((run / "stacked_rounds.txt").read_text())
                 checked = model != "cnn" and name != "cuda_tf32"  # TF32: reported, not float32
@@ -271,7 +271,7 @@ def _final_model(run_dir: Path) -> dict[str, Any]:
         return {k: f[k].astype(np.float64) for k in f.files}
 
 
-def _relative(a: dict[str, Any], b: dict[str, Any]) -> float:
+def relative(a: dict[str, Any], b: dict[str, Any]) -> float:
     """max over arrays of max|a − b| / max|b|; inf when the arrays differ in names or shapes."""
     import numpy as np
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE)]
 
 ALGORITHMS = ("fedavgm", "fedcm", "localupdate", "ghbm", "localghbm", "fedhbm")
 
@@ -36,9 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
     from engine_cases import MEAN, STD, stacked_clients, train_one_by_one
+    from gpu_equality import relative
 
     from client.models import build_model
     from client.stacked import stacked_local_train
+
+    def arrays(result) -> dict:
+        return {k: v.numpy() for k, v in result.arrays.items()}
 
     torch.set_num_threads(1)
     differences = []
@@ -49,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             clients = stacked_clients(algorithm, model, np.random.default_rng(draw), weight_decay=1e-3, augment=True)
             loop = train_one_by_one(args.model, clients)
             stacked = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
-            diff = max(float(np.abs(s.arrays[k].numpy() - e.arrays[k].numpy()).max())
-                       / max(float(np.abs(e.arrays[k].numpy()).max()), 1e-12)
-                       for e, s in zip(loop, stacked) for k in e.arrays)
+            diff = max(relative(arrays(s), arrays(e)) for e, s in zip(loop, stacked))
             differences.append(diff)
             print(f"draw {draw:3d}  {algorithm:12s} {diff:.3g}")
     values = np.array(differences)

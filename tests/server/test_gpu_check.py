@@ -102,5 +102,23 @@ def test_float32_flips_measures_the_nudge_and_refuses_bad_arguments(tmp_path):
     assert summary["model"] == "cnn" and summary["steps"] == 10 and summary["first_flip_step"] is None
     assert 0 < summary["after_nudge"] < 1e-14 and summary["last"] < 1e-12
     assert len([line for line in proc.stdout.splitlines() if line.startswith("step ")]) == 10
-    proc = _run("--steps", "4", "--nudge-at", "4", "--work", tmp_path, script="float32_flips")
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("--nudge-at must be in 0..3")
+    for args, message in ((["--steps", "4", "--nudge-at", "4"], "--nudge-at must be in 0..3"),
+                          (["--weight-decay", "-1"], "--weight-decay must be >= 0"),
+                          (["--data", tmp_path / "missing"], "tree of class folders)")):
+        proc = _run(*args, "--work", tmp_path, script="float32_flips")
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--draws", "0"], ["--tol", "-1"], ["--model", "vgg"]])
+def test_stacked_float32_refuses_bad_arguments(args):
+    proc = _run(*args, script="stacked_float32")
+    assert proc.returncode == 2 and "stacked_float32.py: error:" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.e2e
+def test_stacked_float32_reports_every_case():
+    """One draw of logistic regression (smooth: rounding only) for two algorithms: both cases within 1e-5."""
+    proc = _run("--model", "logreg", "--draws", "1", "--algorithms", "fedavgm", "fedcm", script="stacked_float32")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["cases"] == 2 and summary["above_tol"] == 0 and 0 <= summary["max"] <= 1e-5
