@@ -57,7 +57,8 @@ def plot_curves(path: Path, configs: Sequence[Config], keys: Sequence[str], metr
 
 
 def _label(config: Config, keys: Sequence[str]) -> str:
-    label = ", ".join(f"{k.split('.')[-1]}={config.values[k]}" for k in keys) or "all runs"
+    """Swept values of the configuration ("key=value"), leaving out the keys its runs do not set."""
+    label = ", ".join(f"{k.split('.')[-1]}={config.values[k]}" for k in keys if config.values[k] != "") or "all runs"
     return f"{label} (n={sum(r.status == FINISHED for r in config.runs)})"
 
 

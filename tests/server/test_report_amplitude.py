@@ -3,6 +3,7 @@ answers (no simulation: job directories written by hand, as Hydra and the Server
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,6 +214,20 @@ def test_an_unreadable_hydra_record_leaves_the_key_missing(tmp_path):
     runs = {r.path.name: r for r in load_runs([root])}
     assert runs["set"].params["participation"] == "uniform"
     assert "participation" not in runs["broken"].params and "participation" not in runs["none"].params
+
+
+def test_a_curve_label_names_only_the_keys_its_runs_set():
+    """gap_curves.png / curves.png legends: a configuration without a swept key (γ = 0 has no decay factor) is not
+    labelled "server_decay=" with nothing after it."""
+    from server.report.runs import Config, Run
+    from server.report.sweep_plots import _label
+
+    keys = ["method", "strategy.server_decay"]
+    done = Run(Path("seed0"), {}, "finished", 40, "", [], 40)
+    assert _label(Config({"method": "g0", "strategy.server_decay": ""}, [done]), keys) == "method=g0 (n=1)"
+    assert _label(Config({"method": "decay", "strategy.server_decay": "0.3"}, [done, done]), keys) \
+        == "method=decay, server_decay=0.3 (n=2)"
+    assert _label(Config({}, []), []) == "all runs (n=0)"
 
 
 def test_upto_reads_every_run_as_it_stood_at_an_earlier_horizon(tmp_path):
