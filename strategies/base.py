@@ -48,6 +48,8 @@ class ServerOptStrategy(FedAvg):
         momentum: float = 0.0,
         server_lr_schedule: str = "constant",
         schedule_param: float = 1.0,
+        client_lr_schedule: str = "constant",
+        client_schedule_param: float = 1.0,
         client_manager: PartitionClientManager | None = None,
         max_update_norm: float | None = None,
         max_num_examples: float | None = None,
@@ -59,11 +61,14 @@ class ServerOptStrategy(FedAvg):
             fm.check_lr(client_lr, "client_lr")
         self.check_momentum(momentum)
         fm.check_schedule(server_lr_schedule, schedule_param)
+        fm.check_schedule(client_lr_schedule, client_schedule_param, "client_lr_schedule")
         self.server_lr = float(server_lr)
         self.client_lr = None if client_lr is None else float(client_lr)
         self.momentum = float(momentum)
         self.server_lr_schedule = server_lr_schedule
         self.schedule_param = float(schedule_param)
+        self.client_lr_schedule = client_lr_schedule
+        self.client_schedule_param = float(client_schedule_param)
         self.client_manager = client_manager
         self.max_update_norm = validation.check_cap(max_update_norm, "max_update_norm")
         self.max_num_examples = validation.check_cap(max_num_examples, "max_num_examples")
@@ -90,8 +95,15 @@ class ServerOptStrategy(FedAvg):
         """Server lr before the schedule (LocalUpdateDecay overrides it)."""
         return self.server_lr
 
-    def current_client_lr(self) -> float | None:
-        """Client lr sent this round."""
+    def current_client_lr(self, server_round: int) -> float | None:
+        """gamma_t sent in round t: the base client lr under ``client_lr_schedule`` (None: the strategy has none)."""
+        base = self.base_client_lr()
+        if base is None:
+            return None
+        return float(fm.scheduled_lr(base, self.client_lr_schedule, self.client_schedule_param, server_round))
+
+    def base_client_lr(self) -> float | None:
+        """Client lr before the schedule (LocalUpdateDecay overrides it)."""
         return self.client_lr
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -136,7 +148,7 @@ class ServerOptStrategy(FedAvg):
         cfg[protocol.SERVER_ROUND] = server_round
         cfg[protocol.SERVER_LR] = self.current_server_lr(server_round)
         cfg[protocol.MOMENTUM] = self.momentum
-        client_lr = self.current_client_lr()
+        client_lr = self.current_client_lr(server_round)
         if client_lr is not None:
             cfg[protocol.CLIENT_LR] = client_lr
         return cfg
@@ -215,7 +227,7 @@ class ServerOptStrategy(FedAvg):
         received, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
         accepted = self._validate_replies(server_round, received)
         server_lr = self.current_server_lr(server_round)
-        client_lr = self.current_client_lr()
+        client_lr = self.current_client_lr(server_round)
         metrics = MetricRecord()
         if accepted:
             weights = [c.weight for c in accepted]

@@ -43,6 +43,9 @@ class FedAvgM(AdaptiveServerStrategy):
     server_lr_schedule : str
         "constant", "polynomial" (eta / t^alpha) or "exponential" (eta gamma^t);
         ``schedule_param`` is alpha or gamma.
+    client_lr_schedule : str
+        The same three schedules for the client lr sent in round t, with ``client_schedule_param``
+        (seed 001 §7 decays gamma_t and eta_t as 1/t: "polynomial" with 1.0 for both). Every strategy takes it.
     client_manager : PartitionClientManager, optional
         Cyclic or uniform participation; Flower's ``fraction_train`` sampling when None.
     max_update_norm : float, optional
@@ -189,7 +192,7 @@ class LocalUpdateDecay(LocalUpdate):
     def base_server_lr(self) -> float:
         return self.decay_state.server_lr
 
-    def current_client_lr(self) -> float:
+    def base_client_lr(self) -> float:
         return self.decay_state.client_lr
 
     def _after_update(self, server_round: int, metrics: MetricRecord) -> None:

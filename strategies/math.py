@@ -220,14 +220,14 @@ def localupdate_server_update(model: Params, mean_update: Params, server_lr: Any
     return [x - server_lr * q for x, q in zip(model, mean_update)]
 
 
-# --------------------------------------------------------------------------- server lr schedules
+# --------------------------------------------------------------------------- learning-rate schedules
 SCHEDULES = ("constant", "polynomial", "exponential")
 
 
-def check_schedule(schedule: str, param: Any) -> None:
-    """Validate a server learning-rate schedule once (see :func:`scheduled_lr`)."""
+def check_schedule(schedule: str, param: Any, name: str = "server_lr_schedule") -> None:
+    """Validate a learning-rate schedule once (see :func:`scheduled_lr`); ``name`` is the key in errors."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"server_lr_schedule must be one of {SCHEDULES}, got {schedule!r}")
+        raise ValueError(f"{name} must be one of {SCHEDULES}, got {schedule!r}")
     value = np.asarray(param, dtype=float)
     if schedule == "polynomial" and (not np.all(np.isfinite(value)) or np.any(value < 0)):
         raise ValueError(f"polynomial schedule needs alpha >= 0, got {param!r}")
@@ -236,7 +236,8 @@ def check_schedule(schedule: str, param: Any) -> None:
 
 
 def scheduled_lr(base_lr: Any, schedule: str, param: Any, t: Any) -> Any:
-    """Server step size eta_t at round t >= 1 (seed 000 Section IV-A).
+    """Step size at round t >= 1: the server's eta_t (seed 000 Section IV-A) or the clients' gamma_t (seed 001 §7,
+    Theorem with gamma_t and eta_t decaying as 1/t: ``polynomial`` with alpha = 1).
 
     constant: eta; polynomial: eta / t^alpha; exponential: eta * gamma^t.
     ``t`` may be an array of rounds (all eta_t at once).

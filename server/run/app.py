@@ -48,6 +48,22 @@ def _metric(metrics: Any, key: str) -> float | None:
     return float(metrics[key]) if metrics is not None and key in metrics else None
 
 
+RESUME_KEYS = ("strategy", "model", "num_clients", "participation", "seed")
+# strategy keys added after runs were checkpointed, with the value those runs had (a checkpoint without them resumes)
+LATER_STRATEGY_KEYS = {"client_lr_schedule": "constant", "client_schedule_param": 1.0}
+
+
+def resume_mismatch(saved: dict[str, Any], cfg: dict[str, Any]) -> str | None:
+    """The first key of RESUME_KEYS whose value differs between a checkpoint's config and this run's (None: none)."""
+    for key in RESUME_KEYS:
+        old, new = saved.get(key), cfg.get(key)
+        if key == "strategy" and isinstance(old, dict) and isinstance(new, dict):
+            old, new = {**LATER_STRATEGY_KEYS, **old}, {**LATER_STRATEGY_KEYS, **new}
+        if old != new:
+            return key
+    return None
+
+
 def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWindow) -> int:
     """Load the checkpoint into the strategy and the model window; the last completed round (0 when starting
     fresh)."""
@@ -57,9 +73,9 @@ def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWind
             log(WARNING, "resume=true but %s has no checkpoint: starting from round 1", run_dir)
         return 0
     state, arrays = loaded
-    for key in ("strategy", "model", "num_clients", "participation", "seed"):
-        if state["config"].get(key) != cfg.get(key):
-            raise config_lib.ConfigError(f"cannot resume: '{key}' differs from the checkpoint's run")
+    differs = resume_mismatch(state["config"], cfg)
+    if differs:
+        raise config_lib.ConfigError(f"cannot resume: '{differs}' differs from the checkpoint's run")
     strategy_arrays, window_arrays = split_arrays(arrays)
     strategy.load_state_dict(state["strategy"], strategy_arrays)
     window.load(state.get("window", []), window_arrays)

@@ -133,6 +133,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         _check("strategy.theta", fm.theta_weights, _require(cfg, "strategy.theta"), 1)
     _check("strategy.server_lr_schedule", fm.check_schedule, s.get("server_lr_schedule", "constant"),
            s.get("schedule_param", 1.0))
+    _check("strategy.client_lr_schedule", fm.check_schedule, s.get("client_lr_schedule", "constant"),
+           s.get("client_schedule_param", 1.0), "client_lr_schedule")
     _validate_server_optimizer(cfg)
     if name == "localupdate_decay":
         keys = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")

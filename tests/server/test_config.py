@@ -71,6 +71,9 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["client.batch_size=0"], "client.batch_size"),
         (["data=cifar10", "data.download=false", "data.root=/nonexistent"], "data.root"),
         (["strategy.server_lr_schedule=cosine"], "server_lr_schedule"),
+        (["strategy.client_lr_schedule=cosine"], "strategy.client_lr_schedule"),
+        (["strategy.client_lr_schedule=exponential", "strategy.client_schedule_param=1.5"],
+         "strategy.client_lr_schedule"),
         (["client.loss_before_batches=-2"], "client.loss_before_batches"),
         (["client.torch_threads=-1"], "client.torch_threads"),
         (["backend.address=somewhere"], "backend.address"),
@@ -130,3 +133,19 @@ def test_tail_rounds_cover_the_last_eval_tail_rounds_before_each_horizon():
     assert _tail_rounds({"num_rounds": 20, "eval_tail": 3}) == {18, 19, 20}
     assert _tail_rounds({"num_rounds": 20, "eval_tail": 0, "eval_tail_at": [10]}) == set()
     assert _tail_rounds({"num_rounds": 5, "eval_tail": 8, "eval_tail_at": [2]}) == {1, 2, 3, 4, 5}
+
+
+def test_a_checkpoint_from_before_the_client_schedule_resumes_and_a_changed_one_does_not():
+    """Checkpoints written before ``strategy.client_lr_schedule`` existed hold no such key: they had the constant
+    schedule, so they resume; a run whose schedule, lr or seed differs from its checkpoint's does not."""
+    from server.run.app import resume_mismatch
+
+    now = {"strategy": {"name": "fedavg", "client_lr": 0.1, "client_lr_schedule": "constant",
+                        "client_schedule_param": 1.0}, "model": {"name": "cnn"}, "num_clients": 10,
+           "participation": {"mode": "cyclic"}, "seed": 0}
+    before = {**now, "strategy": {"name": "fedavg", "client_lr": 0.1}}
+    assert resume_mismatch(before, now) is None and resume_mismatch(now, now) is None
+    scheduled = {**now, "strategy": {**now["strategy"], "client_lr_schedule": "polynomial"}}
+    assert resume_mismatch(before, scheduled) == "strategy"
+    assert resume_mismatch(before, {**now, "strategy": {**now["strategy"], "client_lr": 0.2}}) == "strategy"
+    assert resume_mismatch(now, {**now, "seed": 1}) == "seed"

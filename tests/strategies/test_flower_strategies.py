@@ -101,6 +101,37 @@ def test_localupdate_applies_mean_of_q():
         np.testing.assert_array_equal(a, b)
 
 
+def test_client_lr_schedule_sends_gamma_t_and_logs_it():
+    """client_lr_schedule="polynomial" with alpha = 1 (seed 001 §7: gamma_t = gamma / t) sends gamma / t in round t
+    and logs it as the round's client lr; the server lr keeps its own schedule; the default stays constant."""
+    grid = NodeList([4])
+    s = LocalUpdate(server_lr=0.2, client_lr=0.3, theta="fedavg", server_lr_schedule="exponential", schedule_param=0.5,
+                    client_lr_schedule="polynomial", client_schedule_param=1.0, min_train_nodes=1,
+                    min_available_nodes=1)
+    arrays = initial_record()
+    for t in (1, 2, 3):
+        cfg = list(s.configure_train(t, arrays, ConfigRecord(), grid))[0].content["config"]
+        assert cfg["client-lr"] == pytest.approx(0.3 / t) and cfg["server-lr"] == pytest.approx(0.2 * 0.5**t)
+    _, metrics = s.aggregate_train(3, replies_for(list(s.configure_train(3, arrays, ConfigRecord(), grid)), 3))
+    assert metrics["client-lr"] == pytest.approx(0.1)
+    constant = FedAvgM(server_lr=1.0, client_lr=0.3, min_train_nodes=1, min_available_nodes=1)
+    assert list(constant.configure_train(7, arrays, ConfigRecord(), grid))[0].content["config"]["client-lr"] == 0.3
+
+
+def test_localupdate_decay_applies_the_client_schedule_to_its_decayed_lr():
+    """The plateau rule decays the base client lr; the schedule multiplies what it left (as for the server lr)."""
+    grid = NodeList([1, 2])
+    s = LocalUpdateDecay(server_lr=1.0, client_lr=0.5, theta="fedavg", window=1, patience=2, cooldown=0,
+                         min_delta=0.0, client_lr_schedule="polynomial", client_schedule_param=1.0)
+    arrays = initial_record()
+    sent = []
+    for t in range(1, 6):
+        msgs = list(s.configure_train(t, arrays, ConfigRecord(), grid))
+        sent.append(msgs[0].content["config"]["client-lr"])
+        arrays, _ = s.aggregate_train(t, replies_for(msgs, t))
+    assert sent == pytest.approx([0.5, 0.25, 0.5 / 3, 0.05 / 4, 0.05 / 5])
+
+
 def test_localupdate_decay_follows_monitored_loss_and_checkpoints():
     grid = NodeList([1, 2])
     s = LocalUpdateDecay(server_lr=1.0, client_lr=0.5, theta="fedavg", window=1, patience=2, cooldown=0,
@@ -142,6 +173,9 @@ def test_failures_are_counted():
         (lambda: LocalUpdate(server_lr=1.0, client_lr=0.1, theta="maml"), "theta"),
         (lambda: LocalUpdateDecay(server_lr=1.0, client_lr=0.1, window=0), "window"),
         (lambda: FedAvgM(server_lr=1.0, server_lr_schedule="cosine"), "server_lr_schedule"),
+        (lambda: FedAvgM(server_lr=1.0, client_lr=0.1, client_lr_schedule="cosine"), "client_lr_schedule"),
+        (lambda: LocalUpdate(server_lr=1.0, client_lr=0.1, client_lr_schedule="polynomial", client_schedule_param=-1),
+         "alpha"),
     ],
 )
 def test_invalid_values_name_the_parameter(factory, name):

@@ -165,6 +165,8 @@ def test_validation_names_the_parameter():
         fm.check_schedule("cosine", 1.0)
     with pytest.raises(ValueError, match="exponential"):
         fm.check_schedule("exponential", 1.5)
+    with pytest.raises(ValueError, match="^client_lr_schedule must be one of"):
+        fm.check_schedule("cosine", 1.0, "client_lr_schedule")
 
 
 def test_schedules():
