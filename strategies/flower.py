@@ -41,11 +41,12 @@ class FedAvgM(AdaptiveServerStrategy):
     client_lr : float, optional
         Local step eta_l sent to clients as "client-lr" (clients use their own when None).
     server_lr_schedule : str
-        "constant", "polynomial" (eta / t^alpha) or "exponential" (eta gamma^t);
-        ``schedule_param`` is alpha or gamma.
+        "constant", "polynomial" (eta / t^alpha), "exponential" (eta gamma^t) or "inverse_time"
+        (eta t0 / (t0 + t - 1)); ``schedule_param`` is alpha, gamma or t0.
     client_lr_schedule : str
-        The same three schedules for the client lr sent in round t, with ``client_schedule_param``
-        (seed 001 §7 decays gamma_t and eta_t as 1/t: "polynomial" with 1.0 for both). Every strategy takes it.
+        The same schedules for the client lr sent in round t, with ``client_schedule_param`` (seed 001 §7
+        decays gamma_t and eta_t as 1/t: "polynomial" with 1.0, or "inverse_time", for both). Every strategy
+        takes it.
     client_manager : PartitionClientManager, optional
         Cyclic or uniform participation; Flower's ``fraction_train`` sampling when None.
     max_update_norm : float, optional

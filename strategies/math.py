@@ -221,7 +221,7 @@ def localupdate_server_update(model: Params, mean_update: Params, server_lr: Any
 
 
 # --------------------------------------------------------------------------- learning-rate schedules
-SCHEDULES = ("constant", "polynomial", "exponential")
+SCHEDULES = ("constant", "polynomial", "exponential", "inverse_time")
 
 
 def check_schedule(schedule: str, param: Any, name: str = "server_lr_schedule") -> None:
@@ -233,15 +233,20 @@ def check_schedule(schedule: str, param: Any, name: str = "server_lr_schedule") 
         raise ValueError(f"polynomial schedule needs alpha >= 0, got {param!r}")
     if schedule == "exponential" and (np.any(value <= 0) or np.any(value > 1)):
         raise ValueError(f"exponential schedule needs gamma in (0, 1], got {param!r}")
+    if schedule == "inverse_time" and (not np.all(np.isfinite(value)) or np.any(value <= 0)):
+        raise ValueError(f"inverse_time schedule needs t0 > 0, got {param!r}")
 
 
 def scheduled_lr(base_lr: Any, schedule: str, param: Any, t: Any) -> Any:
     """Step size at round t >= 1: the server's eta_t (seed 000 Section IV-A) or the clients' gamma_t (seed 001 §7,
-    Theorem with gamma_t and eta_t decaying as 1/t: ``polynomial`` with alpha = 1).
+    Theorem with gamma_t and eta_t decaying as 1/t: ``polynomial`` with alpha = 1, or ``inverse_time``).
 
-    constant: eta; polynomial: eta / t^alpha; exponential: eta * gamma^t.
-    ``t`` may be an array of rounds (all eta_t at once).
+    constant: eta; polynomial: eta / t^alpha; exponential: eta * gamma^t; inverse_time: eta * t0 / (t0 + t - 1),
+    eta at round 1, halved at round t0 + 1 and ~ eta t0 / t after (the offset 1/(mu (t + a)) step of strongly
+    convex SGD analyses). ``t`` may be an array of rounds (all eta_t at once).
     """
+    if schedule == "inverse_time":
+        return base_lr * param / (param + np.asarray(t, dtype=float) - 1.0)
     if schedule == "polynomial":
         return base_lr / np.power(t, param)
     if schedule == "exponential":

@@ -74,6 +74,7 @@ def test_every_strategy_group_validates(group, tiny_data):
         (["strategy.client_lr_schedule=cosine"], "strategy.client_lr_schedule"),
         (["strategy.client_lr_schedule=exponential", "strategy.client_schedule_param=1.5"],
          "strategy.client_lr_schedule"),
+        (["strategy.server_lr_schedule=inverse_time", "strategy.schedule_param=0"], "strategy.server_lr_schedule"),
         (["client.loss_before_batches=-2"], "client.loss_before_batches"),
         (["client.torch_threads=-1"], "client.torch_threads"),
         (["backend.address=somewhere"], "backend.address"),
