@@ -45,6 +45,17 @@ def test_every_strategy_group_validates(group, tiny_data):
     assert config_lib.decode(config_lib.encode(cfg)) == cfg
 
 
+
+@pytest.mark.parametrize("method", sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml")))
+def test_every_method_preset_validates(method, tiny_data):
+    """conf/method/: each composes with the convex study's preset and passes validation."""
+    sweep = "convex_seed001" if method.startswith("localupdate") else "convex_seed000"
+    cfg = config_lib.validate(composed(f"+sweep={sweep}", f"method={method}", f"data.root={tiny_data['folder']}"))
+    if method == "localupdate_invtime":  # seed 001 §7: both rates on the same 1/t schedule
+        s = cfg["strategy"]
+        assert (s["server_lr_schedule"], s["client_lr_schedule"]) == ("inverse_time", "inverse_time")
+        assert s["schedule_param"] == s["client_schedule_param"] > 0
+
 @pytest.mark.parametrize(
     "overrides, key",
     [
