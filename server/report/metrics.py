@@ -1,7 +1,7 @@
 """Run-directory outputs: per-round metrics (CSV + JSONL, written as produced), plots, multi-run figures.
 
 ``flower-plot`` aggregates several run directories (e.g. a Hydra multirun over seeds)
-into mean +/- std accuracy-vs-round curves per group, like seed 000 Figure 1.
+into mean +/- std curves per group of any per-round column (test accuracy: seed 000 Figure 1).
 """
 
 from __future__ import annotations
@@ -166,12 +166,13 @@ def _group_label(run_dir: Path, keys: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-def aggregate_runs(run_dirs: Sequence[Path | str], group_by: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Per group: rounds evaluated by every run of the group, mean and std accuracy, number of runs."""
+def aggregate_runs(run_dirs: Sequence[Path | str], group_by: Sequence[str],
+                   metric: str = "accuracy") -> dict[str, dict[str, np.ndarray]]:
+    """Per group: rounds where every run of the group has ``metric``, its mean and std, number of runs."""
     groups: dict[str, list[dict[int, float]]] = defaultdict(list)
     for run_dir in map(Path, run_dirs):
         rows = read_metrics(run_dir)
-        x, y = _series(rows, "accuracy")
+        x, y = _series(rows, metric)
         if len(x):
             groups[_group_label(run_dir, group_by)].append(dict(zip(x.tolist(), y.tolist())))
     out = {}
@@ -182,22 +183,25 @@ def aggregate_runs(run_dirs: Sequence[Path | str], group_by: Sequence[str]) -> d
     return out
 
 
-def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, group_by: Sequence[str], title: str = "") -> Path:
-    """Mean +/- std test accuracy vs round, one curve per group (seed 000 Figure 1)."""
+def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, group_by: Sequence[str], title: str = "",
+              metric: str = "accuracy", log: bool = False) -> Path:
+    """Mean +/- std of ``metric`` (test accuracy: seed 000 Figure 1) vs round, one curve per group; ``log``: log y."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = aggregate_runs(run_dirs, group_by)
+    curves = aggregate_runs(run_dirs, group_by, metric)
     if not curves:
-        raise ValueError("no run directory with accuracy rows in metrics.jsonl was given")
+        raise ValueError(f"no run directory with {metric} rows in metrics.jsonl was given")
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, c in sorted(curves.items()):
         ax.plot(c["round"], c["mean"], label=f"{label} (n={int(c['runs'])})")
         ax.fill_between(c["round"], c["mean"] - c["std"], c["mean"] + c["std"], alpha=0.25)
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("test accuracy" if metric == "accuracy" else metric)
+    if log:
+        ax.set_yscale("log")  # band values <= 0 are clipped to the axis bottom
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -211,21 +215,27 @@ def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, group_by: Sequenc
 
 
 def plot_main(argv: Sequence[str] | None = None) -> None:
-    """``flower-plot RUN_DIR... [--out PNG] [--group-by KEY ...]``: multi-run accuracy curves."""
+    """``flower-plot RUN_DIR... [--out PNG] [--group-by KEY ...] [--metric COLUMN] [--log]``: multi-run curves of a
+    metrics.csv column (test accuracy by default), mean +/- std over the runs of each group."""
     parser = argparse.ArgumentParser(prog="flower-plot", description=plot_main.__doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (or a multirun folder)")
-    parser.add_argument("--out", type=Path, default=Path("accuracy_mean_std.png"))
+    parser.add_argument("--out", type=Path, default=None, help="PNG path (default <metric>_mean_std.png)")
+    parser.add_argument("--metric", default="accuracy", help="a metrics.csv column, e.g. pop_gap or client_lr")
+    parser.add_argument("--log", action="store_true", help="log-scale y axis (pop_gap, learning rates)")
     parser.add_argument("--group-by", nargs="+", default=["strategy.name", "strategy.momentum", "model.name"],
                         help="config keys that name a curve; runs differing only in other keys (seed) are averaged")
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
+    if args.metric not in COLUMNS[1:]:
+        parser.error(f"--metric must be a metrics.csv column other than round, got {args.metric!r}")
+    out_path = args.out or Path(f"{args.metric}_mean_std.png")
     runs = []
     for path in args.runs:
         if not path.is_dir():
             parser.error(f"{path} is not a directory")
         runs += [path] if (path / "metrics.jsonl").exists() else sorted(p.parent for p in path.glob("*/metrics.jsonl"))
     try:
-        out = plot_runs(runs, args.out, args.group_by, args.title)
+        out = plot_runs(runs, out_path, args.group_by, args.title, args.metric, args.log)
     except ValueError as err:
         parser.error(str(err))
     print(f"wrote {out} and {out.with_suffix('.json')} from {len(runs)} runs")

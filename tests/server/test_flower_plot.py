@@ -1,0 +1,45 @@
+"""flower-plot on run directories written here: any metrics.csv column, mean +/- std per group, bad --metric."""
+
+import json
+
+import numpy as np
+import pytest
+
+from server.report.metrics import MetricsWriter, plot_main
+
+
+def write_run(path, name, seed, client_lr):
+    """A run directory with config.json and per-round client_lr / pop_gap rows (no pop_gap at round 2)."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"strategy": {"name": name}, "seed": seed}))
+    writer = MetricsWriter(path)
+    for t, lr in enumerate(client_lr, start=1):
+        writer.append({"round": t, "client_lr": lr, "pop_gap": None if t == 2 else lr / 10})
+
+
+def test_plot_any_column_log_scale(tmp_path):
+    lrs = {("a", 0): [1.0, 0.5, 0.25], ("a", 1): [1.0, 0.3, 0.1], ("b", 0): [0.01, 0.01, 0.01]}
+    for (name, seed), values in lrs.items():
+        write_run(tmp_path / f"{name}{seed}", name, seed, values)
+    runs = [str(tmp_path / f"{n}{s}") for n, s in lrs]
+    out = tmp_path / "lr.png"
+    plot_main([*runs, "--metric", "client_lr", "--log", "--group-by", "strategy.name", "--out", str(out)])
+    curves = json.loads(out.with_suffix(".json").read_text())
+    a = np.array([lrs[("a", 0)], lrs[("a", 1)]])
+    assert curves["strategy.name=a"]["runs"] == 2 and curves["strategy.name=a"]["round"] == [1, 2, 3]
+    np.testing.assert_allclose(curves["strategy.name=a"]["mean"], a.mean(0))
+    np.testing.assert_allclose(curves["strategy.name=a"]["std"], a.std(0))
+    assert curves["strategy.name=b"]["mean"] == [0.01] * 3 and out.stat().st_size > 0
+    plot_main([*runs, "--metric", "pop_gap", "--group-by", "strategy.name", "--out", str(out)])
+    assert json.loads(out.with_suffix(".json").read_text())["strategy.name=a"]["round"] == [1, 3]  # rounds all have
+
+
+@pytest.mark.parametrize("metric, message", [("gap", "--metric must be a metrics.csv column"),
+                                             ("round", "--metric must be a metrics.csv column"),
+                                             ("avg_pop_gap", "no run directory with avg_pop_gap rows")])
+def test_bad_metric_is_one_line_exit_2(tmp_path, capsys, metric, message):
+    write_run(tmp_path / "r", "a", 0, [1.0])
+    with pytest.raises(SystemExit) as err:
+        plot_main([str(tmp_path / "r"), "--metric", metric, "--out", str(tmp_path / "x.png")])
+    assert err.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
