@@ -183,6 +183,20 @@ def aggregate_runs(run_dirs: Sequence[Path | str], group_by: Sequence[str],
     return out
 
 
+def _legend_labels(labels: Sequence[str]) -> dict[str, str]:
+    """Legend text per group label "k1=v1, k2=v2": only the keys whose values differ between groups, each by the
+    last part of its dotted name (the full labels stay the keys of the JSON summary)."""
+    pieces = [label.split(", ") for label in labels]
+    if not all("=" in p for piece in pieces for p in piece):  # a directory name, or a value holding ", "
+        return {label: label for label in labels}
+    parts = [dict(p.split("=", 1) for p in piece) for piece in pieces]
+    keys = list(parts[0]) if parts and all(p.keys() == parts[0].keys() for p in parts) else []
+    varying = [k for k in keys if len({p[k] for p in parts}) > 1]
+    if not varying:
+        return {label: label for label in labels}
+    return {label: ", ".join(f"{k.rsplit('.', 1)[-1]}={p[k]}" for k in varying) for label, p in zip(labels, parts)}
+
+
 def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, group_by: Sequence[str], title: str = "",
               metric: str = "accuracy", log: bool = False) -> Path:
     """Mean +/- std of ``metric`` (test accuracy: seed 000 Figure 1) vs round, one curve per group; ``log``: log y."""
@@ -195,8 +209,9 @@ def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, group_by: Sequenc
     if not curves:
         raise ValueError(f"no run directory with {metric} rows in metrics.jsonl was given")
     fig, ax = plt.subplots(figsize=(6, 4))
+    legend = _legend_labels(sorted(curves))
     for label, c in sorted(curves.items()):
-        ax.plot(c["round"], c["mean"], label=f"{label} (n={int(c['runs'])})")
+        ax.plot(c["round"], c["mean"], label=f"{legend[label]} (n={int(c['runs'])})")
         ax.fill_between(c["round"], c["mean"] - c["std"], c["mean"] + c["std"], alpha=0.25)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy" if metric == "accuracy" else metric)

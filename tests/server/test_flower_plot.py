@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from server.report.metrics import MetricsWriter, plot_main
+from server.report.metrics import MetricsWriter, _legend_labels, plot_main
 
 
 def write_run(path, name, seed, client_lr):
@@ -43,3 +43,12 @@ def test_bad_metric_is_one_line_exit_2(tmp_path, capsys, metric, message):
         plot_main([str(tmp_path / "r"), "--metric", metric, "--out", str(tmp_path / "x.png")])
     assert err.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_legend_names_only_the_keys_that_differ():
+    labels = ["strategy.name=a, strategy.min_lr=0.0, seed_set=x", "strategy.name=b, strategy.min_lr=0.0, seed_set=y"]
+    assert _legend_labels(labels) == {labels[0]: "name=a, seed_set=x", labels[1]: "name=b, seed_set=y"}
+    assert _legend_labels(["strategy.name=a"]) == {"strategy.name=a": "strategy.name=a"}  # nothing varies: as is
+    assert _legend_labels(["run1", "run2"]) == {"run1": "run1", "run2": "run2"}  # no config.json: the dir names
+    lists = ["strategy.theta=[1, 2], seed=0", "strategy.theta=[2, 1], seed=0"]  # a value holding ", ": as is
+    assert _legend_labels(lists) == {k: k for k in lists}
