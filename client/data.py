@@ -112,16 +112,34 @@ def cache_entry(name: str, source: Path, cache_dir: str | os.PathLike | None = N
 
 
 def _source_key(name: str, source: Path) -> str:
-    """Hash of path, size and mtime of the source (for a directory: of every split and class directory)."""
+    """Hash of the source's path and content: a file by its bytes (a touched or re-copied archive keeps its entry),
+    a directory by size and mtime of every split and class directory."""
     parts = [f"v{CACHE_VERSION}", name, str(source)]
-    paths = [source]
-    if source.is_dir():
-        paths += sorted(p for split in ("train", "test") for p in [source / split, *_subdirs(source / split)])
-    for p in paths:
-        if p.exists():
-            st = p.stat()
-            parts.append(f"{p.name}:{st.st_size}:{st.st_mtime_ns}")
+    if source.is_file():
+        parts.append(_file_digest(source))
+    else:
+        paths = [source, *sorted(p for split in ("train", "test") for p in [source / split, *_subdirs(source / split)])]
+        for p in paths:
+            if p.exists():
+                st = p.stat()
+                parts.append(f"{p.name}:{st.st_size}:{st.st_mtime_ns}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+_DIGESTS: dict[tuple, str] = {}  # (path, inode, size, mtime, ctime) -> sha256 of the bytes, per process
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks (CIFAR-10's archives: 20-170 MB, under a second)."""
+    st = path.stat()
+    memo = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # any write changes ctime
+    if memo not in _DIGESTS:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        _DIGESTS[memo] = f"{st.st_size}:{digest.hexdigest()}"
+    return _DIGESTS[memo]
 
 
 def _subdirs(path: Path) -> list[Path]:

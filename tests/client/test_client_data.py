@@ -51,10 +51,18 @@ def test_cache_is_reused_and_invalidated(tarball: Path, tmp_path: Path) -> None:
     assert second.cache_path == first.cache_path
     assert (first.cache_path / "meta.json").stat().st_mtime_ns == meta_mtime
     assert not list(first.cache_path.glob("*.tmp"))
-    copy = tmp_path / "copy.tar.gz"  # another source path (or a modified file) gets its own entry
+    copy = tmp_path / "copy.tar.gz"  # another source path gets its own entry
     copy.write_bytes(tarball.read_bytes())
-    assert load_dataset("cifar10_folder", copy, tmp_path).cache_path != first.cache_path
+    entry = load_dataset("cifar10_folder", copy, tmp_path).cache_path
+    assert entry != first.cache_path and DECODE_STATS["decoded"] == before + 2
+    os.utime(copy, ns=(1, 1))  # touched, same bytes: the same entry, no decode
+    assert load_dataset("cifar10_folder", copy, tmp_path).cache_path == entry
     assert DECODE_STATS["decoded"] == before + 2
+    changed = bytearray(copy.read_bytes())  # modified in place with its size and mtime kept: a new entry
+    changed[-1] ^= 0xFF
+    copy.write_bytes(bytes(changed))
+    os.utime(copy, ns=(1, 1))
+    assert data.cache_entry("cifar10_folder", copy, tmp_path) != entry
 
 
 # A child interpreter: import, say ready, wait for "go" (all three load at once), load, print its decode count.
