@@ -13,7 +13,17 @@ per-round learning rates of metrics.csv, takes w* from the f* cache (solved if a
   part of the error shrinks by about exp(−λ · step_mass) when λ η_t K ≪ 1, so directions with λ < 1 / step_mass
   are not yet traversed.
 
-The numbers are diagnostics of one final point, not a model of the noise floor.
+With ``--flow M1,M2,...`` it also prints, for each step mass M, where noise-free gradient descent on the quadratic
+model at w* would stand after a total step M from the runs' start x_0 = 0: e_M = exp(−∇²f(w*) M)(−w*), with
+‖e_M‖ and ½ e_Mᵀ∇²f(w*) e_M from a Lanczos quadrature of the spectral measure of w* (``--lanczos`` steps, full
+reorthogonalisation; the printout repeats it with half the steps as a convergence check). Then, per run, the
+``matched_mass``: the M at which that descent is as far from w* as the run (‖e_M‖ = ‖x_T − w*‖), its ``bias`` =
+½ e_Mᵀ∇²f(w*) e_M (the part of the gap a noise-free descent that far would still have, almost all of it along
+low-curvature directions) and ``excess`` = gap − bias (what the run's noise, heterogeneity and surrogate add).
+
+    python benchmarks/convex_curvature.py RUN_DIR... --flow 40,80,400
+
+The numbers are diagnostics of one final point under a quadratic model, not a model of the noise floor.
 """
 
 from __future__ import annotations
@@ -39,10 +49,58 @@ def local_steps(cfg: dict, n_i: int) -> int:
     return math.ceil(n_i / int(cfg["client"]["batch_size"]))
 
 
+def lanczos_measure(matvec, v0: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes θ_j and weights τ_j² (Σ τ_j² = 1) of the Gauss quadrature of v0's spectral measure:
+    v0ᵀ φ(H) v0 ≈ ‖v0‖² Σ_j τ_j² φ(θ_j) (Golub-Meurant); full reorthogonalisation."""
+    basis = np.zeros((steps, v0.size))
+    alpha, beta = np.zeros(steps), np.zeros(steps)
+    q = v0 / np.linalg.norm(v0)
+    for j in range(steps):
+        basis[j] = q
+        w = matvec(q)
+        alpha[j] = q @ w
+        w -= basis[: j + 1].T @ (basis[: j + 1] @ w)
+        w -= basis[: j + 1].T @ (basis[: j + 1] @ w)
+        beta[j] = np.linalg.norm(w)
+        if j + 1 == steps or beta[j] < 1e-12:
+            steps = j + 1
+            break
+        q = w / beta[j]
+    tri = np.diag(alpha[:steps]) + np.diag(beta[: steps - 1], 1) + np.diag(beta[: steps - 1], -1)
+    nodes, vectors = np.linalg.eigh(tri)
+    return nodes, vectors[0] ** 2
+
+
+def flow(nodes: np.ndarray, weights: np.ndarray, norm2: float, mass: float) -> tuple[float, float]:
+    """‖e_M‖ and ½ e_Mᵀ H e_M for e_M = exp(−H M) e_0, from e_0's quadrature (nodes, weights, ‖e_0‖²)."""
+    decay = np.exp(-2.0 * np.clip(nodes, 0.0, None) * mass)
+    return float(np.sqrt(norm2 * weights @ decay)), float(0.5 * norm2 * weights @ (nodes * decay))
+
+
+def matched_mass(fit: tuple[np.ndarray, np.ndarray], norm2: float, error_norm: float) -> float:
+    """The step mass M at which the noise-free descent's ‖e_M‖ equals ``error_norm`` (bisection on log M; ‖e_M‖
+    falls with M); 0 when the run is no nearer w* than its start."""
+    if error_norm >= flow(*fit, norm2, 0.0)[0]:
+        return 0.0
+    low, high = 1e-6, 1e9
+    for _ in range(200):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if flow(*fit, norm2, mid)[0] > error_norm else (low, mid)
+    return math.sqrt(low * high)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="convex_curvature.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories with final_model.npz and config.json")
+    parser.add_argument("--flow", help="comma-separated step masses M: noise-free descent from 0 on the quadratic")
+    parser.add_argument("--lanczos", type=int, default=160, help="Lanczos steps of --flow (default 160)")
     args = parser.parse_args(argv)
+    try:
+        masses = [float(m) for m in args.flow.split(",")] if args.flow else []
+    except ValueError:
+        parser.error(f"--flow must be comma-separated numbers, got {args.flow!r}")
+    if any(not (m >= 0 and math.isfinite(m)) for m in masses) or args.lanczos < 2:
+        parser.error("--flow masses must be finite and >= 0, --lanczos >= 2")
     for run in args.runs:
         if not (run / "final_model.npz").exists() or not (run / "config.json").exists():
             parser.error(f"{run} has no final_model.npz or config.json (a finished run directory is needed)")
@@ -56,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     obj = objective(first, ds)
     opt = optimum(first, ds, obj)
     n_i = round(len(ds.y_train) / int(first["num_clients"]))
+    records: list[dict] = []
     for run, cfg in zip(args.runs, cfgs):
         with np.load(run / "final_model.npz") as npz:
             x = obj.flatten({k: npz[k] for k in npz.files})
@@ -71,6 +130,23 @@ def main(argv: list[str] | None = None) -> None:
                   "rayleigh": float(e @ he / (e @ e)), "mu": obj.mu,
                   "step_mass": float(local_steps(cfg, n_i) * eta.sum()), "eta_end": float(eta[-1])}
         print(json.dumps(record), flush=True)
+        records.append(record)
+    if masses:
+        def hv(v: np.ndarray) -> np.ndarray:
+            return obj.hessp(opt.w, v)
+
+        e0 = -opt.w  # every run starts at w = 0
+        norm2 = float(e0 @ e0)
+        fits = [lanczos_measure(hv, e0, k) for k in (args.lanczos // 2, args.lanczos)]
+        for mass in [0.0, *masses]:
+            (n_half, g_half), (n_full, g_full) = (flow(*fit, norm2, mass) for fit in fits)
+            print(json.dumps({"flow_mass": mass, "error_norm": n_full, "quadratic": g_full,
+                              "error_norm_half_steps": n_half, "quadratic_half_steps": g_half}), flush=True)
+        for record in records:  # the mass whose noise-free descent is as far from w* as the run: its bias part
+            mass = matched_mass(fits[1], norm2, record["error_norm"])
+            bias = flow(*fits[1], norm2, mass)[1]
+            print(json.dumps({"run": record["run"], "matched_mass": mass, "bias": bias,
+                              "excess": record["gap"] - bias}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,36 @@
+"""benchmarks/convex_curvature.py's quadrature: exact on a small diagonal quadratic, and its inverse."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "convex_curvature", Path(__file__).resolve().parents[2] / "benchmarks" / "convex_curvature.py")
+curvature = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(curvature)
+
+
+def test_flow_is_exact_descent_on_a_diagonal_quadratic():
+    rng = np.random.default_rng(0)
+    lam = np.array([1e-3, 3e-3, 1e-2, 0.1, 1.0, 5.0])  # six distinct curvatures: six Lanczos steps are exact
+    e0 = rng.normal(size=lam.size)
+    fit = curvature.lanczos_measure(lambda v: lam * v, e0, 6)
+    assert fit[1].sum() == pytest.approx(1.0, rel=1e-12)
+    for mass in (0.0, 40.0, 400.0):
+        e = np.exp(-lam * mass) * e0  # gradient flow on ½ eᵀ diag(lam) e for a total step M
+        norm, quad = curvature.flow(*fit, float(e0 @ e0), mass)
+        assert norm == pytest.approx(np.linalg.norm(e), rel=1e-9)
+        assert quad == pytest.approx(0.5 * e @ (lam * e), rel=1e-9)
+
+
+def test_matched_mass_inverts_the_flow():
+    lam = np.linspace(1e-3, 2.0, 50)
+    e0 = np.ones(lam.size)
+    fit = curvature.lanczos_measure(lambda v: lam * v, e0, 50)
+    norm2 = float(e0 @ e0)
+    for mass in (5.0, 85.0, 338.0):
+        target = curvature.flow(*fit, norm2, mass)[0]
+        assert curvature.matched_mass(fit, norm2, target) == pytest.approx(mass, rel=1e-6)
+    assert curvature.matched_mass(fit, norm2, 2 * np.sqrt(norm2)) == 0.0  # no nearer w* than the start
