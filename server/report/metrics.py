@@ -183,6 +183,16 @@ def aggregate_runs(run_dirs: Sequence[Path | str], group_by: Sequence[str],
     return out
 
 
+def place_legend(ax: Any, fontsize: float | None = None) -> None:
+    """The legend inside the axes, or below them when a label is long (many keys): call it after
+    ``tight_layout`` and save with ``bbox_inches="tight"``, so the figure grows instead of the axes shrinking."""
+    labels = ax.get_legend_handles_labels()[1]
+    if max(map(len, labels), default=0) > 60:
+        ax.legend(fontsize=fontsize or 7, loc="upper left", bbox_to_anchor=(0.0, -0.13), frameon=False)
+    else:
+        ax.legend(fontsize=fontsize)
+
+
 def _legend_labels(labels: Sequence[str]) -> dict[str, str]:
     """Legend text per group label "k1=v1, k2=v2": only the keys whose values differ between groups, each by the
     last part of its dotted name (the full labels stay the keys of the JSON summary)."""
@@ -219,10 +229,10 @@ def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, group_by: Sequenc
         ax.set_yscale("log")  # band values <= 0 are clipped to the axis bottom
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
     fig.tight_layout()
+    place_legend(ax)
     out = Path(out)
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
     summary = {k: {kk: v.tolist() for kk, v in c.items()} for k, c in curves.items()}
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1))

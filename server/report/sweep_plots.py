@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from server.report.metrics import place_legend
 from server.report.runs import FINISHED, Config, normalise, sort_key
 from server.report.stats import t_quantile
 
@@ -48,10 +49,10 @@ def plot_curves(path: Path, configs: Sequence[Config], keys: Sequence[str], metr
     ax.set_xlabel("round")
     ax.set_ylabel(f"{metric} (mean ± 95% CI over seeds)")
     ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    if ax.lines:
+        place_legend(ax, 7)  # after the layout: a long legend below the axes must not squeeze them
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -102,10 +103,10 @@ def plot_gap_curves(path: Path, configs: Sequence[Config], keys: Sequence[str], 
     axes[0].set_ylabel(f"{metric} (mean ± 95% CI over seeds)")
     if clipped:
         axes[0].plot([], [], "v", color="grey", label=f"≤ 0: marked / band clipped at {floor:.2g}")
-    if axes[0].lines:
-        axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    if axes[0].lines:
+        place_legend(axes[0], 7)  # after the layout: a long legend below the axes must not squeeze them
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
