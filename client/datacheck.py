@@ -68,7 +68,11 @@ def check_source(name: str, root: str | os.PathLike, cache_dir: str | os.PathLik
         return _check_torchvision(root, cache_dir, download)
     if not root.exists():
         raise DataSourceError(f"no ImageFolder tree or .tar.gz at {root}")
-    return _check_folder_source(str(root), str(cache_entry(name, root, cache_dir)))
+    try:
+        entry = cache_entry(name, root, cache_dir)  # an archive's key hashes its bytes: the first full read
+    except OSError as err:
+        raise DataSourceError(f"cannot read {root}: {err.strerror or err}") from None
+    return _check_folder_source(str(root), str(entry))
 
 
 def download_cifar10(root: str | os.PathLike, timeout: float = DOWNLOAD_TIMEOUT) -> None:
