@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from strategies import math as fm
-from strategies import protocol, validation
+from strategies import protocol, schedules, validation
 from strategies.client_manager import PartitionClientManager
 
 
@@ -60,8 +60,8 @@ class ServerOptStrategy(FedAvg):
         if client_lr is not None:
             fm.check_lr(client_lr, "client_lr")
         self.check_momentum(momentum)
-        fm.check_schedule(server_lr_schedule, schedule_param)
-        fm.check_schedule(client_lr_schedule, client_schedule_param, "client_lr_schedule")
+        schedules.check_schedule(server_lr_schedule, schedule_param)
+        schedules.check_schedule(client_lr_schedule, client_schedule_param, "client_lr_schedule")
         self.server_lr = float(server_lr)
         self.client_lr = None if client_lr is None else float(client_lr)
         self.momentum = float(momentum)
@@ -89,7 +89,8 @@ class ServerOptStrategy(FedAvg):
 
     def current_server_lr(self, server_round: int) -> float:
         """eta_t of round t from the base server lr and the schedule."""
-        return float(fm.scheduled_lr(self.base_server_lr(), self.server_lr_schedule, self.schedule_param, server_round))
+        return float(schedules.scheduled_lr(self.base_server_lr(), self.server_lr_schedule, self.schedule_param,
+                                            server_round))
 
     def base_server_lr(self) -> float:
         """Server lr before the schedule (LocalUpdateDecay overrides it)."""
@@ -100,7 +101,7 @@ class ServerOptStrategy(FedAvg):
         base = self.base_client_lr()
         if base is None:
             return None
-        return float(fm.scheduled_lr(base, self.client_lr_schedule, self.client_schedule_param, server_round))
+        return float(schedules.scheduled_lr(base, self.client_lr_schedule, self.client_schedule_param, server_round))
 
     def base_client_lr(self) -> float | None:
         """Client lr before the schedule (LocalUpdateDecay overrides it)."""

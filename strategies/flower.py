@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common.logger import log
 
 from strategies import math as fm
-from strategies import protocol
+from strategies import protocol, schedules
 from strategies.base import ServerOptStrategy, to_record
 from strategies.fedopt import AdaptiveServerStrategy
 
@@ -166,7 +166,7 @@ class LocalUpdateDecay(LocalUpdate):
     after P rounds without an improvement of ``min_delta`` (outside a cooldown of C
     rounds, which also covers the first C rounds) it sets gamma <- gamma * client_decay
     and eta <- eta * server_decay, floored at ``min_lr``. See
-    :func:`strategies.math.plateau_decay_step`. With an adaptive ``server_optimizer`` the decayed eta is the
+    :func:`strategies.schedules.plateau_decay_step`. With an adaptive ``server_optimizer`` the decayed eta is the
     optimizer's step size.
     """
 
@@ -186,9 +186,9 @@ class LocalUpdateDecay(LocalUpdate):
         **kwargs: Any,
     ) -> None:
         super().__init__(client_lr=client_lr, **kwargs)
-        self.decay_config = fm.PlateauDecayConfig(window, patience, cooldown, min_delta, client_decay, server_decay,
-                                                  min_lr)
-        self.decay_state = fm.PlateauDecayState.start(self.client_lr, self.server_lr, self.decay_config)
+        self.decay_config = schedules.PlateauDecayConfig(window, patience, cooldown, min_delta, client_decay,
+                                                         server_decay, min_lr)
+        self.decay_state = schedules.PlateauDecayState.start(self.client_lr, self.server_lr, self.decay_config)
 
     def base_server_lr(self) -> float:
         return self.decay_state.server_lr
@@ -198,7 +198,7 @@ class LocalUpdateDecay(LocalUpdate):
 
     def _after_update(self, server_round: int, metrics: MetricRecord) -> None:
         before = self.decay_state.num_decays
-        self.decay_state = fm.plateau_decay_step(self.decay_state, float(metrics[protocol.LOSS_BEFORE]),
+        self.decay_state = schedules.plateau_decay_step(self.decay_state, float(metrics[protocol.LOSS_BEFORE]),
                                                  self.decay_config)
         if self.decay_state.num_decays > before:
             log(INFO, "Round %d: plateau -> client lr %.3g, server lr %.3g", server_round,
@@ -211,4 +211,4 @@ class LocalUpdateDecay(LocalUpdate):
 
     def load_state_dict(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         super().load_state_dict(meta, arrays)
-        self.decay_state = fm.PlateauDecayState(**meta["decay"])
+        self.decay_state = schedules.PlateauDecayState(**meta["decay"])

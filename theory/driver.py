@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from strategies import math as fm
+from strategies import schedules
 
 RoundFn = Callable[[Any, Any, Any, Any, Any], Any]  # (theta, theta_prev, G, t, server_lr) -> theta_new
 
@@ -49,7 +50,7 @@ class Schedule:
         self._groups: dict[str, np.ndarray] = {}
         for kind in sorted(set(self.kinds)):
             idx = np.array([k for k, name in enumerate(self.kinds) if name == kind])
-            fm.check_schedule(kind, self.params[idx] if kind != "constant" else 1.0)
+            schedules.check_schedule(kind, self.params[idx] if kind != "constant" else 1.0)
             self._groups[kind] = idx
 
     @property
@@ -61,10 +62,10 @@ class Schedule:
         t = np.asarray(t, dtype=float)[:, None]
         if len(self._groups) == 1:
             kind, idx = next(iter(self._groups.items()))
-            return np.asarray(fm.scheduled_lr(self.base_lr, kind, self.params, t), dtype=float)
+            return np.asarray(schedules.scheduled_lr(self.base_lr, kind, self.params, t), dtype=float)
         out = np.empty((t.shape[0], self.lanes))
         for kind, idx in self._groups.items():
-            out[:, idx] = fm.scheduled_lr(self.base_lr[idx], kind, self.params[idx], t)
+            out[:, idx] = schedules.scheduled_lr(self.base_lr[idx], kind, self.params[idx], t)
         return out
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from strategies import math as fm
+from strategies import schedules
 
 ALGORITHMS_000 = ("fedavgm", "fedcm")
 
@@ -131,9 +132,9 @@ def fedhbm_client(
 
 
 def server_lrs(base_lr: Any, schedule: str, param: Any, t: Any) -> Any:
-    """eta_t for an array of rounds via the shared :func:`strategies.math.scheduled_lr`."""
-    fm.check_schedule(schedule, param if param is not None else 1.0)
-    return fm.scheduled_lr(base_lr, schedule, param, t)
+    """eta_t for an array of rounds via the shared :func:`strategies.schedules.scheduled_lr`."""
+    schedules.check_schedule(schedule, param if param is not None else 1.0)
+    return schedules.scheduled_lr(base_lr, schedule, param, t)
 
 
 # --------------------------------------------------------------------------- seed 001 clients

@@ -19,6 +19,7 @@ from typing import Any
 from client.partition import parse_alpha
 from client.tasks import MODEL_OUTPUTS, NATURAL_DATASETS, TASK_MODEL
 from strategies import math as fm
+from strategies import schedules
 from strategies.participation import make_schedule
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config groups
@@ -131,14 +132,14 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         _validate_ghbm(cfg, name)
     else:
         _check("strategy.theta", fm.theta_weights, _require(cfg, "strategy.theta"), 1)
-    _check("strategy.server_lr_schedule", fm.check_schedule, s.get("server_lr_schedule", "constant"),
+    _check("strategy.server_lr_schedule", schedules.check_schedule, s.get("server_lr_schedule", "constant"),
            s.get("schedule_param", 1.0))
-    _check("strategy.client_lr_schedule", fm.check_schedule, s.get("client_lr_schedule", "constant"),
+    _check("strategy.client_lr_schedule", schedules.check_schedule, s.get("client_lr_schedule", "constant"),
            s.get("client_schedule_param", 1.0), "client_lr_schedule")
     _validate_server_optimizer(cfg)
     if name == "localupdate_decay":
         keys = ("window", "patience", "cooldown", "min_delta", "client_decay", "server_decay", "min_lr")
-        _check("strategy", fm.PlateauDecayConfig, *[_require(cfg, f"strategy.{k}") for k in keys])
+        _check("strategy", schedules.PlateauDecayConfig, *[_require(cfg, f"strategy.{k}") for k in keys])
     model = _require(cfg, "model.name")
     if model not in MODELS:
         raise ConfigError(f"'model.name' must be one of {MODELS}, got {model!r}")

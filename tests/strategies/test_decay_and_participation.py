@@ -5,16 +5,16 @@ import json
 
 import pytest
 
-from strategies import math as fm
+from strategies import schedules
 from strategies.participation import CyclicSchedule, UniformSchedule, clients_per_round, make_schedule
 
 
 def run_decay(values, config, client_lr=1.0, server_lr=1.0):
-    state = fm.PlateauDecayState.start(client_lr, server_lr, config)
+    state = schedules.PlateauDecayState.start(client_lr, server_lr, config)
     decays, lrs = [], []
     for t, v in enumerate(values, start=1):
         before = state.num_decays
-        state = fm.plateau_decay_step(state, v, config)
+        state = schedules.plateau_decay_step(state, v, config)
         if state.num_decays > before:
             decays.append(t)
         lrs.append((state.client_lr, state.server_lr))
@@ -25,7 +25,7 @@ def test_scripted_losses_decay_exactly_where_the_rule_says():
     # Hand trace (W=2, P=2, C=1, Delta=0): r1 window [inf,5] -> wait 1 (cooldown ran out this round);
     # r2 avg 4.5 best; r3 avg 4 best; r4 wait 1; r5 wait 2 -> decay; r6 cooldown -> wait 1; r7 decay;
     # r8 avg 2.5 best; r9 avg 1 best; r10 wait 1; r11 decay.
-    config = fm.PlateauDecayConfig(window=2, patience=2, cooldown=1, min_delta=0.0)
+    config = schedules.PlateauDecayConfig(window=2, patience=2, cooldown=1, min_delta=0.0)
     decays, lrs, _ = run_decay([5, 4, 4, 4, 4, 4, 4, 1, 1, 1, 1], config)
     assert decays == [5, 7, 11]
     assert lrs[-1][0] == pytest.approx(1e-3)
@@ -36,22 +36,22 @@ def test_scripted_losses_decay_exactly_where_the_rule_says():
 def test_default_knobs_first_decays_at_rounds_200_and_399():
     # Cooldown covers rounds 1..100 (best set at 100 when the window fills), wait reaches P=100 at 200;
     # after a decay the cooldown of 100 rounds ends at 300, where waiting restarts: 300 + 99 = 399.
-    decays, _, _ = run_decay([2.0] * 450, fm.PlateauDecayConfig())
+    decays, _, _ = run_decay([2.0] * 450, schedules.PlateauDecayConfig())
     assert decays == [200, 399]
 
 
 def test_min_delta_counts_small_improvements_as_plateau():
-    config = fm.PlateauDecayConfig(window=1, patience=3, cooldown=0, min_delta=0.5)
+    config = schedules.PlateauDecayConfig(window=1, patience=3, cooldown=0, min_delta=0.5)
     decays, _, _ = run_decay([10, 9.9, 9.8, 9.7, 9.6], config)
     assert decays == [4]
 
 
 def test_decay_floors_at_min_lr_and_state_serialises():
-    config = fm.PlateauDecayConfig(window=1, patience=1, cooldown=0, min_delta=0.0, min_lr=0.05)
+    config = schedules.PlateauDecayConfig(window=1, patience=1, cooldown=0, min_delta=0.0, min_lr=0.05)
     _, lrs, state = run_decay([1.0] * 30, config, client_lr=1.0, server_lr=0.1)
     assert [c for c, _ in lrs][:3] == pytest.approx([1.0, 0.1, 0.05])
     assert min(s for _, s in lrs) == pytest.approx(0.05)
-    restored = fm.PlateauDecayState(**json.loads(json.dumps(vars(state))))
+    restored = schedules.PlateauDecayState(**json.loads(json.dumps(vars(state))))
     assert restored == state
 
 
@@ -60,7 +60,7 @@ def test_decay_floors_at_min_lr_and_state_serialises():
 def test_decay_config_rejects_bad_knobs(bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):
-        fm.PlateauDecayConfig(**bad)
+        schedules.PlateauDecayConfig(**bad)
 
 
 def test_cyclic_groups_are_disjoint_covering_periodic_and_seeded():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from strategies import math as fm
+from strategies import schedules
 
 
 def quad_grad(mu, G, sign):
@@ -162,25 +163,25 @@ def test_validation_names_the_parameter():
     with pytest.raises(ValueError, match="server_lr"):
         fm.check_lr(0.0, "server_lr", allow_zero=False)
     with pytest.raises(ValueError, match="server_lr_schedule"):
-        fm.check_schedule("cosine", 1.0)
+        schedules.check_schedule("cosine", 1.0)
     with pytest.raises(ValueError, match="exponential"):
-        fm.check_schedule("exponential", 1.5)
+        schedules.check_schedule("exponential", 1.5)
     for bad in (0.0, -5.0, float("inf")):
         with pytest.raises(ValueError, match="inverse_time schedule needs t0 > 0"):
-            fm.check_schedule("inverse_time", bad)
+            schedules.check_schedule("inverse_time", bad)
     with pytest.raises(ValueError, match="^client_lr_schedule must be one of"):
-        fm.check_schedule("cosine", 1.0, "client_lr_schedule")
+        schedules.check_schedule("cosine", 1.0, "client_lr_schedule")
 
 
 def test_schedules():
     t = np.arange(1, 6)
-    np.testing.assert_allclose(fm.scheduled_lr(2.0, "constant", 0.0, t), 2.0)
-    np.testing.assert_allclose(fm.scheduled_lr(2.0, "polynomial", 0.5, t), 2.0 / np.sqrt(t))
-    np.testing.assert_allclose(fm.scheduled_lr(2.0, "exponential", 0.9, t), 2.0 * 0.9**t)
-    assert fm.scheduled_lr(2.0, "polynomial", 1.0, 4) == 0.5
-    inv = fm.scheduled_lr(2.0, "inverse_time", 100.0, np.array([1, 101, 201, 10_001]))
+    np.testing.assert_allclose(schedules.scheduled_lr(2.0, "constant", 0.0, t), 2.0)
+    np.testing.assert_allclose(schedules.scheduled_lr(2.0, "polynomial", 0.5, t), 2.0 / np.sqrt(t))
+    np.testing.assert_allclose(schedules.scheduled_lr(2.0, "exponential", 0.9, t), 2.0 * 0.9**t)
+    assert schedules.scheduled_lr(2.0, "polynomial", 1.0, 4) == 0.5
+    inv = schedules.scheduled_lr(2.0, "inverse_time", 100.0, np.array([1, 101, 201, 10_001]))
     np.testing.assert_allclose(inv, [2.0, 1.0, 2.0 / 3, 2.0 / 101])  # eta at t = 1, halved at t0 + 1, ~ eta t0 / t
-    lanes = fm.scheduled_lr(np.array([1.0, 2.0]), "polynomial", 1.0, 2)
+    lanes = schedules.scheduled_lr(np.array([1.0, 2.0]), "polynomial", 1.0, 2)
     np.testing.assert_allclose(lanes, [0.5, 1.0])
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategies import math as fm
+from strategies import schedules
 from theory import closed_forms as cf
 from theory.output import new_figure, save_figure, write_outputs
 from theory.problems import localupdate_client
@@ -88,7 +89,7 @@ def run_localupdate(
     traj = [x.copy()]
     for t in range(1, rounds + 1):
         mean = [mean_update(x)]
-        x = fm.localupdate_server_update([x], mean, fm.scheduled_lr(eta0, "polynomial", decay, t))[0]
+        x = fm.localupdate_server_update([x], mean, schedules.scheduled_lr(eta0, "polynomial", decay, t))[0]
         traj.append(x.copy())
     return np.array(traj)
 
