@@ -23,6 +23,14 @@ low-curvature directions) and ``excess`` = gap − bias (what the run's noise, h
 
     python benchmarks/convex_curvature.py RUN_DIR... --flow 40,80,400
 
+With ``--replay`` it replays, per run, the run's own algorithm (momentum included) with its logged rates on the same
+quadratic model, every client's gradient the population's (``convex_replay.py``), from the same quadrature:
+``replay_error_norm`` (where the noise-free algorithm stands; the run's ‖x_T − w*‖ beside it tests the model),
+``replay_bias`` = its ½ e_Tᵀ∇²f(w*) e_T and ``replay_excess`` = gap − replay_bias, with the half-step quadrature's
+values as a convergence check.
+
+    python benchmarks/convex_curvature.py RUN_DIR... --replay
+
 The numbers are diagnostics of one final point under a quadratic model, not a model of the noise floor.
 """
 
@@ -38,6 +46,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # convex_replay.py
+
+from convex_replay import replay_check, replay_error, replay_factors  # noqa: E402
 
 from server.convex.optimum import objective, optimum  # noqa: E402
 from server.report.metrics import read_metrics  # noqa: E402
@@ -93,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="convex_curvature.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories with final_model.npz and config.json")
     parser.add_argument("--flow", help="comma-separated step masses M: noise-free descent from 0 on the quadratic")
-    parser.add_argument("--lanczos", type=int, default=160, help="Lanczos steps of --flow (default 160)")
+    parser.add_argument("--replay", action="store_true",
+                        help="replay each run's algorithm and rates noise-free on the quadratic model (its own bias)")
+    parser.add_argument("--lanczos", type=int, default=160, help="Lanczos steps of --flow/--replay (default 160)")
     args = parser.parse_args(argv)
     try:
         masses = [float(m) for m in args.flow.split(",")] if args.flow else []
@@ -105,6 +118,10 @@ def main(argv: list[str] | None = None) -> None:
         if not (run / "final_model.npz").exists() or not (run / "config.json").exists():
             parser.error(f"{run} has no final_model.npz or config.json (a finished run directory is needed)")
     cfgs = [json.loads((run / "config.json").read_text()) for run in args.runs]
+    for run, cfg in zip(args.runs, cfgs):
+        reason = replay_check(cfg) if args.replay else None
+        if reason is not None:
+            parser.error(f"--replay: {run}: {reason}")
     first = cfgs[0]
     key = (first["data"]["name"], first["num_clients"], first["client"]["weight_decay"], first["data"]["alpha"])
     for run, cfg in zip(args.runs, cfgs):
@@ -122,16 +139,16 @@ def main(argv: list[str] | None = None) -> None:
         he = obj.hessp(opt.w, e)
         rows = read_metrics(run)
         rows = [r for r in rows if r["round"] >= 1 and r.get("server_lr") is not None]
-        eta = np.array([r["server_lr"] for r in rows], dtype=float)
-        if not str(cfg["strategy"]["name"]).startswith("localupdate"):
-            eta = eta * np.array([r["client_lr"] for r in rows], dtype=float)
+        server_lr = np.array([r["server_lr"] for r in rows], dtype=float)
+        client_lr = np.array([r["client_lr"] for r in rows], dtype=float)
+        eta = server_lr if str(cfg["strategy"]["name"]).startswith("localupdate") else server_lr * client_lr
         record = {"run": str(run), "rounds": int(len(eta)), "gap": float(obj.value(x) - opt.f_star),
                   "quadratic": float(0.5 * e @ he), "error_norm": float(np.linalg.norm(e)),
                   "rayleigh": float(e @ he / (e @ e)), "mu": obj.mu,
                   "step_mass": float(local_steps(cfg, n_i) * eta.sum()), "eta_end": float(eta[-1])}
         print(json.dumps(record), flush=True)
-        records.append(record)
-    if masses:
+        records.append({**record, "rates": (server_lr, client_lr), "cfg": cfg, "local_steps": local_steps(cfg, n_i)})
+    if masses or args.replay:
         def hv(v: np.ndarray) -> np.ndarray:
             return obj.hessp(opt.w, v)
 
@@ -142,11 +159,20 @@ def main(argv: list[str] | None = None) -> None:
             (n_half, g_half), (n_full, g_full) = (flow(*fit, norm2, mass) for fit in fits)
             print(json.dumps({"flow_mass": mass, "error_norm": n_full, "quadratic": g_full,
                               "error_norm_half_steps": n_half, "quadratic_half_steps": g_half}), flush=True)
-        for record in records:  # the mass whose noise-free descent is as far from w* as the run: its bias part
+        for record in records if masses else []:  # the mass whose noise-free descent is as far from w*: its bias
             mass = matched_mass(fits[1], norm2, record["error_norm"])
             bias = flow(*fits[1], norm2, mass)[1]
             print(json.dumps({"run": record["run"], "matched_mass": mass, "bias": bias,
                               "excess": record["gap"] - bias}), flush=True)
+        for record in records if args.replay else []:
+            nodes = np.concatenate([fit[0] for fit in fits])  # both quadratures in one pass
+            factors = replay_factors(record["cfg"], *record["rates"], record["local_steps"], nodes)
+            (n_half, b_half), (n_full, b_full) = (
+                replay_error(fit[0], fit[1], norm2, part)
+                for fit, part in zip(fits, np.split(factors, [fits[0][0].size])))
+            print(json.dumps({"run": record["run"], "replay_error_norm": n_full, "error_norm": record["error_norm"],
+                              "replay_bias": b_full, "replay_excess": record["gap"] - b_full,
+                              "replay_error_norm_half_steps": n_half, "replay_bias_half_steps": b_half}), flush=True)
 
 
 if __name__ == "__main__":

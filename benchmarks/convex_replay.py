@@ -1,0 +1,93 @@
+"""Noise-free replay of a convex run's own algorithm on the quadratic model at w* (``convex_curvature.py --replay``).
+
+On f(w) ≈ f* + ½ eᵀ H e with e = w − w* and every client's gradient replaced by the population gradient H e, each
+algorithm of the study is linear in e, so along an eigenvector of H = ∇²f(w*) with eigenvalue λ it gives
+e_T = r_T(λ) e_0. :func:`replay_factors` computes r_T at many λ at once (numpy lanes) by running the run's own update
+rules — the client loops of ``theory/problems.py`` and the server steps of ``strategies.math`` — with the η_t and
+η_l,t (γ_t for LocalUpdate) its metrics.csv logged, round by round. With the Lanczos quadrature of e_0 = −w*
+(``convex_curvature.lanczos_measure``: nodes θ_j, weights τ_j²), ‖e_T‖² ≈ ‖w*‖² Σ_j τ_j² r_T(θ_j)² and
+½ e_Tᵀ H e_T ≈ ½ ‖w*‖² Σ_j τ_j² θ_j r_T(θ_j)²: where the run would stand without sampling noise, heterogeneity or
+γ's surrogate, its momentum included — the run's own bias, where ``--flow``'s matched mass assumes plain descent.
+
+Supported: FedAvg / FedAvgM (server optimizer ``sgd``), FedCM, GHBM, LocalGHBM under cyclic participation (GHBM with
+τ = the period), LocalUpdate and LocalUpdateDecay. FedHBM's per-client anchors are not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from strategies import math as fm
+from theory.problems import fedavgm_client, fedcm_client, ghbm_client, localupdate_client
+
+SUPPORTED = ("fedavg", "fedavgm", "fedcm", "ghbm", "localghbm", "localupdate", "localupdate_decay")
+
+
+def replay_check(cfg: dict) -> str | None:
+    """Why this run's algorithm cannot be replayed (None when it can)."""
+    strategy = cfg["strategy"]
+    name = str(strategy["name"])
+    if name not in SUPPORTED:
+        return f"strategy {name!r} is not replayed (supported: {', '.join(SUPPORTED)})"
+    if strategy.get("server_optimizer", "sgd") != "sgd":
+        return f"server_optimizer {strategy['server_optimizer']!r} is not replayed (only sgd)"
+    if name == "localghbm" and cfg["participation"]["mode"] != "cyclic":
+        return "localghbm is replayed only under cyclic participation (there it is GHBM with tau = the period)"
+    return None
+
+
+def _tau(cfg: dict) -> int:
+    if cfg["strategy"]["name"] == "localghbm":
+        return round(1.0 / float(cfg["participation"]["fraction"]))
+    return int(cfg["strategy"]["tau"])
+
+
+def replay_factors(cfg: dict, server_lr: np.ndarray, client_lr: np.ndarray, local_steps: int,
+                   curvature: np.ndarray) -> np.ndarray:
+    """r_T(λ) for every λ of ``curvature``: the run's algorithm from e_0 = 1 on ½ λ e², every client the mean.
+
+    ``server_lr`` and ``client_lr`` are the logged rates of rounds 1..T; ``local_steps`` is K.
+    """
+    reason = replay_check(cfg)
+    if reason is not None:
+        raise ValueError(reason)
+    strategy = cfg["strategy"]
+    name = str(strategy["name"])
+    lam = np.clip(np.asarray(curvature, dtype=float), 0.0, None)
+
+    def grad(x: np.ndarray) -> np.ndarray:
+        return lam * x
+
+    momentum = float(strategy.get("momentum") or 0.0)
+    theta = fm.theta_weights(strategy.get("theta", "fedavg"), local_steps) if name.startswith("localupdate") else None
+    tau = _tau(cfg) if name in ("ghbm", "localghbm") else 0
+    x = np.ones_like(lam)
+    previous = x  # θ^{t−2}; round 1 has no momentum (θ^{−1} = θ^0)
+    history: deque[np.ndarray] = deque([x], maxlen=tau + 1)  # θ^{t−1−τ}, …, θ^{t−1}
+    for t, (eta, eta_l) in enumerate(zip(server_lr, client_lr), start=1):
+        if name in ("fedavg", "fedavgm"):
+            local = fedavgm_client(x, grad, eta_l, local_steps)
+            new = fm.fedavgm_server_update([x], [previous], [x - local], eta, momentum)[0]
+        elif name == "fedcm":
+            correction = fm.fedcm_correction([x], [previous], eta, momentum)[0]
+            local = fedcm_client(x, grad, eta_l, momentum, correction, local_steps)
+            new = fm.fedcm_server_update([x], [x - local], eta)[0]
+        elif name in ("ghbm", "localghbm"):
+            term = fm.ghbm_momentum([history[0]], [x], tau)[0] if fm.ghbm_has_momentum(t, tau) else 0.0 * x
+            local = ghbm_client(x, grad, eta_l, momentum, term, local_steps)
+            new = fm.ghbm_server_update([x], [x - local], eta)[0]
+        else:
+            q = localupdate_client(x, grad, eta_l, theta)
+            new = fm.localupdate_server_update([x], [q], eta)[0]
+        previous, x = x, new
+        history.append(x)
+    return x
+
+
+def replay_error(nodes: np.ndarray, weights: np.ndarray, norm2: float, factors: np.ndarray) -> tuple[float, float]:
+    """‖e_T‖ and ½ e_Tᵀ H e_T from e_0's quadrature (nodes, weights, ‖e_0‖²) and the factors r_T at the nodes."""
+    r2 = factors * factors
+    return math.sqrt(norm2 * float(weights @ r2)), 0.5 * norm2 * float(weights @ (np.clip(nodes, 0.0, None) * r2))
