@@ -29,7 +29,10 @@ quadratic model, every client's gradient the population's (``convex_replay.py``)
 ``replay_bias`` = its ½ e_Tᵀ∇²f(w*) e_T and ``replay_excess`` = gap − replay_bias, with the half-step quadrature's
 values as a convergence check.
 
-    python benchmarks/convex_curvature.py RUN_DIR... --replay
+    python benchmarks/convex_curvature.py RUN_DIR... --replay [--plot replay.png]
+
+``--plot`` draws, per configuration (strategy, β, rates; the mean over its runs), the run's f(x^t) − f* and its
+replay's bias every 10 rounds on a log scale.
 
 The numbers are diagnostics of one final point under a quadratic model, not a model of the noise floor.
 """
@@ -48,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # convex_replay.py
 
-from convex_replay import replay_check, replay_error, replay_factors  # noqa: E402
+from convex_replay import plot_replays, replay_check, replay_error, replay_label, replay_path  # noqa: E402
 
 from server.convex.optimum import objective, optimum  # noqa: E402
 from server.report.metrics import read_metrics  # noqa: E402
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--flow", help="comma-separated step masses M: noise-free descent from 0 on the quadratic")
     parser.add_argument("--replay", action="store_true",
                         help="replay each run's algorithm and rates noise-free on the quadratic model (its own bias)")
+    parser.add_argument("--plot", type=Path, help="with --replay: PNG of each configuration's gap and its replay")
     parser.add_argument("--lanczos", type=int, default=160, help="Lanczos steps of --flow/--replay (default 160)")
     args = parser.parse_args(argv)
     try:
@@ -114,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--flow must be comma-separated numbers, got {args.flow!r}")
     if any(not (m >= 0 and math.isfinite(m)) for m in masses) or args.lanczos < 2:
         parser.error("--flow masses must be finite and >= 0, --lanczos >= 2")
+    if args.plot is not None and not args.replay:
+        parser.error("--plot needs --replay")
     for run in args.runs:
         if not (run / "final_model.npz").exists() or not (run / "config.json").exists():
             parser.error(f"{run} has no final_model.npz or config.json (a finished run directory is needed)")
@@ -164,15 +170,38 @@ def main(argv: list[str] | None = None) -> None:
             bias = flow(*fits[1], norm2, mass)[1]
             print(json.dumps({"run": record["run"], "matched_mass": mass, "bias": bias,
                               "excess": record["gap"] - bias}), flush=True)
+        curves: dict[str, dict[str, list]] = {}
         for record in records if args.replay else []:
             nodes = np.concatenate([fit[0] for fit in fits])  # both quadratures in one pass
-            factors = replay_factors(record["cfg"], *record["rates"], record["local_steps"], nodes)
+            path = [(0, 0.5 * norm2 * float(fits[1][1] @ fits[1][0]))]
+            factors = np.ones_like(nodes)
+            for t, factors in enumerate(replay_path(record["cfg"], *record["rates"], record["local_steps"], nodes), 1):
+                if args.plot is not None and t % 10 == 0:
+                    path.append((t, replay_error(*fits[1], norm2, factors[fits[0][0].size:])[1]))
+            curve = curves.setdefault(replay_label(record["cfg"]), {"measured": [], "replay": []})
+            curve["measured"].append(read_gap(Path(record["run"])))
+            curve["replay"].append(path)
             (n_half, b_half), (n_full, b_full) = (
                 replay_error(fit[0], fit[1], norm2, part)
                 for fit, part in zip(fits, np.split(factors, [fits[0][0].size])))
             print(json.dumps({"run": record["run"], "replay_error_norm": n_full, "error_norm": record["error_norm"],
                               "replay_bias": b_full, "replay_excess": record["gap"] - b_full,
                               "replay_error_norm_half_steps": n_half, "replay_bias_half_steps": b_half}), flush=True)
+        if args.plot is not None:
+            plot_replays({label: {key: mean_curve(parts) for key, parts in curve.items()}
+                          for label, curve in curves.items()}, str(args.plot))
+            print(json.dumps({"plot": str(args.plot)}), flush=True)
+
+
+def read_gap(run: Path) -> list[tuple[int, float]]:
+    """(round, pop_gap) of every evaluated round of a run."""
+    return [(int(r["round"]), float(r["pop_gap"])) for r in read_metrics(run) if r.get("pop_gap") is not None]
+
+
+def mean_curve(parts: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over runs at the rounds every run has."""
+    common = sorted(set.intersection(*(set(dict(p)) for p in parts)))
+    return np.array(common), np.array([np.mean([dict(p)[t] for p in parts]) for t in common])
 
 
 if __name__ == "__main__":

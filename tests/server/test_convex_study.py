@@ -193,6 +193,27 @@ def test_a_rerun_skips_every_finished_job(study):
     assert proc.stdout.count("flower-report") == 2 * (7 + 3)
 
 
+@pytest.mark.e2e
+def test_curvature_replays_each_finished_run_and_plots_them(study, tmp_path):
+    """benchmarks/convex_curvature.py --replay on the study's own runs (FedAvg, FedCM, LocalUpdate, the decay)."""
+    out = study[0]
+    dirs = sorted(p.parent for p in out.rglob("final_model.npz"))
+    names = {json.loads((d / "config.json").read_text())["strategy"]["name"] for d in dirs}
+    assert {"fedavgm", "fedcm", "localupdate", "localupdate_decay"} <= names
+    script = ROOT / "benchmarks" / "convex_curvature.py"
+    proc = subprocess.run([sys.executable, str(script), *map(str, dirs), "--flow", "1", "--replay", "--lanczos", "8",
+                           "--plot", str(tmp_path / "replay.png")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    runs_, replays = ({r["run"]: r for r in lines if key in r} for key in ("step_mass", "replay_bias"))
+    assert set(replays) == set(runs_) == {str(d) for d in dirs}
+    start = next(r for r in lines if r.get("flow_mass") == 0.0)["quadratic"]
+    for run, replay in replays.items():
+        assert 0.0 <= replay["replay_bias"] < start  # every run descends from its start, noise-free too
+        assert replay["replay_excess"] == pytest.approx(runs_[run]["gap"] - replay["replay_bias"], rel=1e-12)
+    assert (tmp_path / "replay.png").stat().st_size > 0 and lines[-1] == {"plot": str(tmp_path / "replay.png")}
+
+
 def test_bad_driver_input_exits_2_before_any_work(tmp_path, tiny_data):
     for extra, message in ((["--methods", "fedavg,nope"], "no method 'nope'"), (["--seeds", "0"], "--seeds must be"),
                            (["--bogus"], "unknown argument"), (["--upto", "20"], "--upto must be a round in 1..19")):
