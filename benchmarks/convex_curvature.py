@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # convex_replay.py
 from convex_replay import plot_replays, replay_check, replay_error, replay_label, replay_path  # noqa: E402
 
 from server.convex.optimum import objective, optimum  # noqa: E402
-from server.report.metrics import read_metrics  # noqa: E402
+from server.report.metrics import aggregate_runs, read_metrics  # noqa: E402
 from server.run.build import server_dataset  # noqa: E402
 
 
@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> None:
             for t, factors in enumerate(replay_path(record["cfg"], *record["rates"], record["local_steps"], nodes), 1):
                 if args.plot is not None and t % 10 == 0:
                     path.append((t, replay_error(*fits[1], norm2, factors[fits[0][0].size:])[1]))
-            curve = curves.setdefault(replay_label(record["cfg"]), {"measured": [], "replay": []})
-            curve["measured"].append(read_gap(Path(record["run"])))
+            curve = curves.setdefault(replay_label(record["cfg"]), {"runs": [], "replay": []})
+            curve["runs"].append(record["run"])
             curve["replay"].append(path)
             (n_half, b_half), (n_full, b_full) = (
                 replay_error(fit[0], fit[1], norm2, part)
@@ -188,18 +188,15 @@ def main(argv: list[str] | None = None) -> None:
                               "replay_bias": b_full, "replay_excess": record["gap"] - b_full,
                               "replay_error_norm_half_steps": n_half, "replay_bias_half_steps": b_half}), flush=True)
         if args.plot is not None:
-            plot_replays({label: {key: mean_curve(parts) for key, parts in curve.items()}
-                          for label, curve in curves.items()}, str(args.plot))
+            measured = {label: aggregate_runs(curve["runs"], [], "pop_gap")[""] for label, curve in curves.items()}
+            plot_replays({label: {"measured": (measured[label]["round"], measured[label]["mean"]),
+                                  "replay": mean_curve(curve["replay"])} for label, curve in curves.items()},
+                         str(args.plot))
             print(json.dumps({"plot": str(args.plot)}), flush=True)
 
 
-def read_gap(run: Path) -> list[tuple[int, float]]:
-    """(round, pop_gap) of every evaluated round of a run."""
-    return [(int(r["round"]), float(r["pop_gap"])) for r in read_metrics(run) if r.get("pop_gap") is not None]
-
-
 def mean_curve(parts: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray]:
-    """The mean over runs at the rounds every run has."""
+    """The mean of the runs' replay curves at the rounds every run has (the measured ones: ``aggregate_runs``)."""
     common = sorted(set.intersection(*(set(dict(p)) for p in parts)))
     return np.array(common), np.array([np.mean([dict(p)[t] for p in parts]) for t in common])
 

@@ -34,3 +34,18 @@ def test_matched_mass_inverts_the_flow():
         target = curvature.flow(*fit, norm2, mass)[0]
         assert curvature.matched_mass(fit, norm2, target) == pytest.approx(mass, rel=1e-6)
     assert curvature.matched_mass(fit, norm2, 2 * np.sqrt(norm2)) == 0.0  # no nearer w* than the start
+
+
+def test_bad_replay_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    np.savez(run / "final_model.npz", w=np.zeros(2))
+    (run / "config.json").write_text('{"strategy": {"name": "fedhbm", "momentum": 0.9}, '
+                                     '"participation": {"mode": "cyclic", "fraction": 0.1}}')
+    for argv, words in (([str(run), "--plot", str(tmp_path / "x.png")], "--plot needs --replay"),
+                        ([str(run), "--replay"], "strategy 'fedhbm' is not replayed")):
+        with pytest.raises(SystemExit) as exit_:
+            curvature.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and words in err[-1], err
+    assert not (tmp_path / "x.png").exists()
