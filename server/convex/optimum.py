@@ -89,7 +89,9 @@ def _load(path: Path, obj: PopulationObjective, tol: float) -> Optimum | None:
     if mu != obj.mu or not abs(value - f_star) <= MATCH * max(1.0, abs(value)) or not grad_norm <= tol:
         LOG.warning("f* cache %s does not hold the minimiser of this objective: solving again", path)
         return None
-    return Optimum(value, obj.mu, grad_norm, w, True, True, path)
+    # the stored f*, not ``value``: f in float64 is reproducible only to BLAS's summation order (threads, alignment),
+    # and a cached f* must be one number wherever it is read (a resumed run's pop_gap, flower-optimum's line)
+    return Optimum(f_star, obj.mu, grad_norm, w, True, True, path)
 
 
 def optimum(cfg: Mapping[str, Any], ds: Dataset, obj: PopulationObjective | None = None, tol: float = TOL) -> Optimum:

@@ -1,17 +1,7 @@
-"""Shared fixtures for end-to-end tests: small generated CIFAR-like data and a CLI runner."""
-
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
+"""Shared fixture of the end-to-end tests: small generated CIFAR-like data (helpers: simcli.py)."""
 
 import pytest
 from datagen import make_image_folder, make_tarball
-from warm_cli import shared, wants_warm
-
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="session")
@@ -21,79 +11,3 @@ def tiny_data(tmp_path_factory):
     folder = make_image_folder(root / "folder", per_class=12, test_per_class=4, seed=1)
     tarball = make_tarball(folder, root / "tiny.tar.gz")
     return {"folder": folder, "tarball": tarball, "cache": root / "cache"}
-
-
-# The batched engine (server/batched/), clients one after another in the flower-simulation process: the same
-# ServerApp round loop, strategies and ClientApp code as the Ray engine, bitwise the same final CNN model
-# (tests/server/test_batched_engine.py), without Ray's ~10-20 s start-up per process. For end-to-end tests whose
-# subject is not the Ray engine (sweeps, reports, divergence, resume logic, presets); the tests about Ray keep it.
-IN_PROCESS = ("engine=batched", "engine.workers=1")
-
-
-def sim_args(data, run_dir, *extra):
-    """Overrides of a tiny but complete experiment (4 clients, 2 rounds, CNN, 2 local steps); no PNGs unless
-    ``extra`` says ``plots=true`` (the tests that read them do)."""
-    return [
-        f"data.root={data['tarball']}", f"data.cache_dir={data['cache']}", "num_clients=4", "num_rounds=2",
-        "participation.fraction=0.5", "client.local_steps=2", "client.batch_size=8", "client.torch_threads=1",
-        "eval_max_examples=20", "plots=false", f"hydra.run.dir={run_dir}", *extra,
-    ]
-
-
-def run_cli(name, args, timeout=300, **kwargs):
-    """Run a console script of this environment; returns the CompletedProcess (stdout and stderr captured).
-    ``engine=batched`` simulations and the report/optimum/plot CLIs run in a fork of a warm process that has
-    imported torch, Flower and Hydra once (tests/warm_cli.py); the rest as a fresh process."""
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
-    args = [str(a) for a in args]
-    if wants_warm(name, args):
-        cwd = kwargs.pop("cwd", None)
-        assert not kwargs, f"warm calls take cwd and timeout only: {sorted(kwargs)}"
-        return shared(env).run(name, args, env, cwd=cwd, timeout=timeout)
-    return subprocess.run([str(BIN / name), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, **kwargs)
-
-
-def report(*args):
-    """flower-report (its console script's entry point)."""
-    return run_cli("flower-report", args, timeout=120)
-
-
-def full_and_resumed(data, tmp_path, extra, kill_round=2, full_extra=()):
-    """Run ``extra`` uninterrupted (``tmp_path/full``, plus ``full_extra``) and again killed after ``kill_round``
-    and resumed (``tmp_path/killed``); asserts both finish and end with the bitwise-same model. Returns the two run
-    dirs."""
-    import numpy as np
-
-    from server.report.metrics import read_metrics
-
-    full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
-    full = run_cli("flower-simulation", sim_args(data, full_dir, *extra, *full_extra))
-    assert full.returncode == 0, full.stderr[-2000:]
-    kill_after_round(sim_args(data, killed_dir, *extra), killed_dir, kill_round)
-    last = max(r["round"] for r in read_metrics(full_dir))
-    assert max(r["round"] for r in read_metrics(killed_dir)) < last, "the run finished before it was killed"
-    resumed = run_cli("flower-simulation", sim_args(data, killed_dir, *extra, "resume=true"))
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "Resuming" in (killed_dir / "run.log").read_text()
-    a, b = np.load(full_dir / "final_model.npz"), np.load(killed_dir / "final_model.npz")
-    assert a.files == b.files
-    for key in a.files:
-        np.testing.assert_array_equal(a[key], b[key])
-    return full_dir, killed_dir
-
-
-def kill_after_round(args, run_dir, rnd):
-    """Start `flower-simulation args`, SIGKILL its whole process group once round ``rnd`` is in the metrics."""
-    from server.report.metrics import read_metrics
-
-    proc = subprocess.Popen([str(BIN / "flower-simulation"), *map(str, args)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not any(r["round"] == rnd for r in read_metrics(run_dir)):
-            time.sleep(0.2)
-        assert any(r["round"] == rnd for r in read_metrics(run_dir)), f"run never reached round {rnd}"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)

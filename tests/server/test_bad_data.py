@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import BIN, sim_args
+from simcli import BIN, sim_args
 
 pytestmark = pytest.mark.e2e
 

@@ -6,8 +6,8 @@ import json
 import broken_app
 import numpy as np
 import pytest
-from conftest import full_and_resumed, run_cli, sim_args
 from flwr.app import Message
+from simcli import full_and_resumed, run_cli, sim_args
 from test_batched_engine import make_cfg
 
 from server.batched.grid import NODE_BASE, BatchedGrid

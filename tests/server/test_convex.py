@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_cli
 from flwr.app import ArrayRecord
+from simcli import run_cli
 
 from client.models import build_model
 from server.convex.cli import compose
@@ -134,6 +134,10 @@ def test_optimum_caches_and_distrusts_its_cache(problem, solution, tmp_path):
         np.savez(first.path, w=npz["w"], f_star=npz["f_star"] - 1e-3, mu=npz["mu"], grad_norm=npz["grad_norm"])
     redone = optimum(cfg, ds, obj)
     assert not redone.cached and redone.f_star == pytest.approx(first.f_star, rel=1e-13)
+    with np.load(first.path) as npz:  # an entry off by rounding only is believed, and its own number is returned
+        nudged = float(npz["f_star"]) * (1 + 1e-14)
+        np.savez(first.path, w=npz["w"], f_star=nudged, mu=npz["mu"], grad_norm=npz["grad_norm"])
+    assert optimum(cfg, ds, obj).f_star == nudged != obj.value(np.load(first.path)["w"])
     other_mu = {**cfg, "client": {**cfg["client"], "weight_decay": 2 * MU}}
     assert cache_path(other_mu, ds, objective(other_mu, ds)) != first.path
 
@@ -141,7 +145,8 @@ def test_optimum_caches_and_distrusts_its_cache(problem, solution, tmp_path):
 def test_pop_gap_of_the_minimiser_is_zero_and_of_zero_is_positive(problem, solution):
     cfg, ds, obj = problem
     gap = PopulationGap({**cfg, "eval_gap": True, "eval_fstar": solution.f_star}, ds)
-    assert gap(obj.arrays(solution.w)) == 0.0
+    # zero up to f's float64 rounding: another instance (alignment) or thread count sums in another order
+    assert abs(gap(obj.arrays(solution.w))) <= 1e-14 * solution.f_star
     zero = {WEIGHT: np.zeros((10, 3072), np.float32), BIAS: np.zeros(10, np.float32)}
     assert gap(zero) == pytest.approx(np.log(10) - solution.f_star, rel=1e-12)
 

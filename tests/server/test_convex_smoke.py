@@ -9,8 +9,8 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import report, run_cli
 from scipy import stats as scipy_stats
+from simcli import report, run_cli
 
 from server.convex.optimum import objective, optimum
 from server.convex.solver import TOL

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IN_PROCESS, run_cli
 from natural_datagen import MAKERS, write
+from simcli import IN_PROCESS, run_cli
 
 pytestmark = pytest.mark.e2e
 

@@ -2,11 +2,11 @@
 validation, in-process (no Ray)."""
 
 import pytest
-from conftest import run_cli, sim_args
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
+from simcli import run_cli, sim_args
 
 from server.ray.engine import CONF_DIR
 from server.run import build

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import IN_PROCESS, report, run_cli, sim_args
+from simcli import IN_PROCESS, report, run_cli, sim_args
 
 from client.app import train_on_partition
 from client.data import load_dataset

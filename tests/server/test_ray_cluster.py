@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IN_PROCESS, run_cli, sim_args
 from natural_datagen import MAKERS, write
 from raytools import BIN, RayNodes, private_ray_tmp, ray_env
+from simcli import IN_PROCESS, run_cli, sim_args
 
 from server.report.metrics import read_metrics
 

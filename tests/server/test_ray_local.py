@@ -10,9 +10,9 @@ import subprocess
 import time
 
 import pytest
-from conftest import sim_args
 from datagen import make_image_folder
 from raytools import BIN, free_port, private_ray_tmp, processes_with, ray_env, wait_gone
+from simcli import sim_args
 
 from server.report.metrics import read_metrics
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import report
 from scipy import stats as scipy_stats
+from simcli import report
 
 from server.report.oscillation import cycle_amplitude
 from server.report.stats import paired_ratio

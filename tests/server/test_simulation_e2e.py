@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import IN_PROCESS, full_and_resumed, run_cli, sim_args
+from simcli import IN_PROCESS, full_and_resumed, run_cli, sim_args
 
 from server.report.metrics import read_metrics
 

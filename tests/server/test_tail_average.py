@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IN_PROCESS, run_cli, sim_args
+from simcli import IN_PROCESS, run_cli, sim_args
 
 from server.report.metrics import read_metrics
 
