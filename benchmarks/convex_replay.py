@@ -9,8 +9,10 @@ rules — the client loops of ``theory/problems.py`` and the server steps of ``s
 ½ e_Tᵀ H e_T ≈ ½ ‖w*‖² Σ_j τ_j² θ_j r_T(θ_j)²: where the run would stand without sampling noise, heterogeneity or
 γ's surrogate, its momentum included — the run's own bias, where ``--flow``'s matched mass assumes plain descent.
 
-Supported: FedAvg / FedAvgM (server optimizer ``sgd``), FedCM, GHBM, LocalGHBM under cyclic participation (GHBM with
-τ = the period), LocalUpdate and LocalUpdateDecay. FedHBM's per-client anchors are not modelled.
+Supported: FedAvg / FedAvgM (server optimizer ``sgd``), FedCM, GHBM, LocalUpdate and LocalUpdateDecay; under cyclic
+participation also LocalGHBM (GHBM with τ = the period) and FedHBM (every client's anchor a_i is the final local model
+of the round one period earlier, no momentum in the first period; C = ``strategy.participation`` or 1/p, as the
+strategy sends it). Under uniform sampling the anchors' ages are random, which this replay does not model.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from strategies import math as fm
-from theory.problems import fedavgm_client, fedcm_client, ghbm_client, localupdate_client
+from theory.problems import fedavgm_client, fedcm_client, fedhbm_client, ghbm_client, localupdate_client
 
-SUPPORTED = ("fedavg", "fedavgm", "fedcm", "ghbm", "localghbm", "localupdate", "localupdate_decay")
+SUPPORTED = ("fedavg", "fedavgm", "fedcm", "ghbm", "localghbm", "fedhbm", "localupdate", "localupdate_decay")
+CYCLIC_ONLY = ("localghbm", "fedhbm")
 
 
 def replay_check(cfg: dict) -> str | None:
@@ -35,15 +38,17 @@ def replay_check(cfg: dict) -> str | None:
         return f"strategy {name!r} is not replayed (supported: {', '.join(SUPPORTED)})"
     if strategy.get("server_optimizer", "sgd") != "sgd":
         return f"server_optimizer {strategy['server_optimizer']!r} is not replayed (only sgd)"
-    if name == "localghbm" and cfg["participation"]["mode"] != "cyclic":
-        return "localghbm is replayed only under cyclic participation (there it is GHBM with tau = the period)"
+    if name in CYCLIC_ONLY and cfg["participation"]["mode"] != "cyclic":
+        return f"{name} is replayed only under cyclic participation (there every anchor is one period old)"
     return None
 
 
+def _period(cfg: dict) -> int:
+    return round(1.0 / float(cfg["participation"]["fraction"]))
+
+
 def _tau(cfg: dict) -> int:
-    if cfg["strategy"]["name"] == "localghbm":
-        return round(1.0 / float(cfg["participation"]["fraction"]))
-    return int(cfg["strategy"]["tau"])
+    return _period(cfg) if cfg["strategy"]["name"] == "localghbm" else int(cfg["strategy"]["tau"])
 
 
 def replay_factors(cfg: dict, server_lr: np.ndarray, client_lr: np.ndarray, local_steps: int,
@@ -72,6 +77,9 @@ def replay_path(cfg: dict, server_lr: np.ndarray, client_lr: np.ndarray, local_s
     momentum = float(strategy.get("momentum") or 0.0)
     theta = fm.theta_weights(strategy.get("theta", "fedavg"), local_steps) if name.startswith("localupdate") else None
     tau = _tau(cfg) if name in ("ghbm", "localghbm") else 0
+    period = _period(cfg) if name == "fedhbm" else 0
+    fraction = strategy.get("participation") or (1.0 / period if period else 0.0)  # FedHBM's C
+    finals: deque[np.ndarray] = deque(maxlen=period)  # FedHBM: the local finals of rounds t−p, …, t−1
     x = np.ones_like(lam)
     previous = x  # θ^{t−2}; round 1 has no momentum (θ^{−1} = θ^0)
     history: deque[np.ndarray] = deque([x], maxlen=tau + 1)  # θ^{t−1−τ}, …, θ^{t−1}
@@ -86,6 +94,11 @@ def replay_path(cfg: dict, server_lr: np.ndarray, client_lr: np.ndarray, local_s
         elif name in ("ghbm", "localghbm"):
             term = fm.ghbm_momentum([history[0]], [x], tau)[0] if fm.ghbm_has_momentum(t, tau) else 0.0 * x
             local = ghbm_client(x, grad, eta_l, momentum, term, local_steps)
+            new = fm.ghbm_server_update([x], [x - local], eta)[0]
+        elif name == "fedhbm":
+            anchor = finals[0] if t > period else x
+            local = fedhbm_client(x, grad, eta_l, momentum, anchor, fraction, local_steps, t > period)
+            finals.append(local)
             new = fm.ghbm_server_update([x], [x - local], eta)[0]
         else:
             q = localupdate_client(x, grad, eta_l, theta)

@@ -99,8 +99,29 @@ def test_replay_error_through_the_quadrature_is_exact_on_a_diagonal_quadratic():
     assert bias == pytest.approx(0.5 * eT @ (LAM * eT), rel=1e-9)
 
 
+@pytest.mark.parametrize("local_steps", [1, 3])
+def test_fedhbm_is_theory_s_fedhbm_on_the_two_client_problem_without_heterogeneity(local_steps):
+    """Cyclic with p = 2 and G = 0: theory/ghbm.py's FedHBM round (per-client anchors in its own state) gives the
+    replay's factors, lane by lane, through the whole run."""
+    from theory.ghbm import GHBMRound
+
+    server_lr, client_lr = rates(40, 0.9, 0.3)
+    two = {**cfg("fedhbm", momentum=1.0), "participation": {"mode": "cyclic", "fraction": 0.5}}
+    got = list(replay.replay_path(two, server_lr, client_lr, local_steps, LAM))
+    step = GHBMRound(variant="fedhbm", momentum=1.0, mu=LAM, local_steps=local_steps, server_lr=0.9, participation=0.5)
+    state = step.initial_state(np.ones_like(LAM))
+    for t, want in enumerate(got, start=1):
+        state = step(state, 0.0, t, 0.3)
+        np.testing.assert_allclose(want, state[0], rtol=1e-13, atol=1e-15)
+    ghbm = replay.replay_factors({**two, "strategy": {**two["strategy"], "name": "ghbm", "tau": 2}}, server_lr,
+                                 client_lr, local_steps, LAM)
+    assert not np.allclose(got[-1][1:], ghbm[1:])  # a_i is a local final, not GHBM's global anchor
+
+
 @pytest.mark.parametrize("config, words", [
-    (cfg("fedhbm", momentum=0.9), "not replayed"),
+    (cfg("scaffold"), "not replayed"),
+    (cfg("fedavgm", momentum=0.0, server_optimizer="yogi"), "only sgd"),
+    ({**cfg("fedhbm", momentum=1.0), "participation": {"mode": "uniform", "fraction": 0.1}}, "only under cyclic"),
     (cfg("fedavgm", momentum=0.0, server_optimizer="adam"), "only sgd"),
     ({**cfg("localghbm", momentum=0.9), "participation": {"mode": "uniform", "fraction": 0.1}}, "only under cyclic"),
 ])
