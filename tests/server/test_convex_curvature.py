@@ -41,9 +41,9 @@ def test_bad_replay_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsy
     run.mkdir()
     np.savez(run / "final_model.npz", w=np.zeros(2))
     (run / "config.json").write_text('{"strategy": {"name": "fedhbm", "momentum": 0.9}, '
-                                     '"participation": {"mode": "cyclic", "fraction": 0.1}}')
+                                     '"participation": {"mode": "uniform", "fraction": 0.1}}')
     for argv, words in (([str(run), "--plot", str(tmp_path / "x.png")], "--plot needs --replay"),
-                        ([str(run), "--replay"], "strategy 'fedhbm' is not replayed")):
+                        ([str(run), "--replay"], "fedhbm is replayed only under cyclic")):
         with pytest.raises(SystemExit) as exit_:
             curvature.main(argv)
         err = capsys.readouterr().err.strip().splitlines()
