@@ -53,14 +53,18 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # convex_replay.py
 
 from convex_replay import plot_replays, replay_check, replay_error, replay_label, replay_path  # noqa: E402
 
+from client.train import num_local_steps  # noqa: E402
 from server.convex.optimum import objective, optimum  # noqa: E402
 from server.report.metrics import aggregate_runs, read_metrics  # noqa: E402
 from server.run.build import server_dataset  # noqa: E402
 
 
 def local_steps(cfg: dict, n_i: int) -> int:
-    """Batches of one local epoch of a client with n_i examples (client.batch_size, last batch kept)."""
-    return math.ceil(n_i / int(cfg["client"]["batch_size"]))
+    """J of a client with n_i examples, as the client takes it (``client.train.num_local_steps``): client.local_steps
+    when positive, else local_epochs × ⌈n_i / batch_size⌉ (last batch kept)."""
+    client = cfg["client"]
+    return num_local_steps(n_i, int(client["batch_size"]), int(client.get("local_epochs", 1)),
+                           int(client.get("local_steps", 0)))
 
 
 def lanczos_measure(matvec, v0: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:

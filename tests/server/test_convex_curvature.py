@@ -49,3 +49,13 @@ def test_bad_replay_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsy
         err = capsys.readouterr().err.strip().splitlines()
         assert exit_.value.code == 2 and words in err[-1], err
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("client, steps", [
+    ({"batch_size": 64, "local_epochs": 1, "local_steps": 0}, 8),  # the study: 7 batches of 64 and one of 52
+    ({"batch_size": 64, "local_epochs": 2, "local_steps": 0}, 16),
+    ({"batch_size": 500, "local_epochs": 0, "local_steps": 8}, 8),  # full-batch steps: J from local_steps
+    ({"batch_size": 64, "local_epochs": 1, "local_steps": 3}, 3),
+])
+def test_local_steps_are_the_client_s_own(client, steps):
+    assert curvature.local_steps({"client": client}, 500) == steps
