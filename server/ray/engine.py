@@ -7,16 +7,19 @@ per CPU (or GPU share).
 The config and the data are checked before Ray starts; every simulated SuperNode owns one partition
 (``partition-id`` = its index), and the ServerApp runs :func:`server.run.app.run_experiment`. Which Ray is used
 (a fresh local one unless ``backend.address`` names a cluster) is decided in :mod:`server.ray.cluster`;
-SIGINT/SIGTERM end the run in any phase (:mod:`server.run.stop`).
+SIGINT/SIGTERM end the run in any phase (:mod:`server.run.stop`), and no process of a local Ray outlives the
+run (:mod:`server.ray.leftovers`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
 
 from server.ray import cluster as ray_cluster
+from server.ray import leftovers as ray_leftovers
 from server.run import build, quiet
 from server.run import config as config_lib
 from server.run.config import CONF_DIR  # noqa: F401 - re-exported for tests and scripts
@@ -81,13 +84,16 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     ray_linkstate.install()  # a node's messages found without scanning every node's (server/ray/linkstate.py)
 
     result: dict[str, Any] = {}
-    run_simulation(
-        server_app=make_server_app(cfg, result),
-        client_app=client_app,
-        num_supernodes=int(cfg["num_clients"]),
-        backend_name="ray",
-        backend_config=backend,
-    )
+    # a local Ray's processes end with the run, whatever their interpreters still do (server/ray/leftovers.py)
+    owned = ray_leftovers.owned_processes(log=_log) if address is None else contextlib.nullcontext()
+    with owned:
+        run_simulation(
+            server_app=make_server_app(cfg, result),
+            client_app=client_app,
+            num_supernodes=int(cfg["num_clients"]),
+            backend_name="ray",
+            backend_config=backend,
+        )
     if "error" in result:
         raise result["error"]
     if "run_dir" not in result:

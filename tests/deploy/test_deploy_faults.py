@@ -48,11 +48,20 @@ def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool
     victim_gate.touch()
     if restart:
         fed.start_supernode(partition, fed.num_partitions)  # rejoin: the same command (and key) again
-    if gate is not None:  # open the others' gate once the SuperLink lists every node online again
+    if gate is not None:  # open the others' gate once the SuperLink lists the restarted node online
         deadline = time.monotonic() + 180
-        while sorted(fed.node_ids()) != out["ids_before"] and time.monotonic() < deadline:
+        while not _back_online(sig, fed.node_ids(), out["ids_before"]) and time.monotonic() < deadline:
             time.sleep(0.2)
         gate.touch()
+
+
+def _back_online(sig: int, ids: list[int], before: list[int]) -> bool:
+    """Whether the restarted node is online: after SIGTERM (a goodbye) the node left and comes back under its ID
+    (node authentication), so the list is the one before again; after SIGKILL the dead node stays listed until its
+    heartbeat expires and the new one registers under a new ID."""
+    if sig == signal.SIGKILL:
+        return bool(set(ids) - set(before))
+    return sorted(ids) == before
 
 
 def _victim(tmp_path: Path, partition: int, num_nodes: int, gate: Path | None = None) -> tuple[dict, dict]:
@@ -134,14 +143,22 @@ def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, misbehavi
     the other client and 1 failure, the killed node is silent from then on, the restarted node registers again
     and, when its partition is scheduled again (round 3), serves it; the run finishes."""
     run_dir = tmp_path / "run"
+    # round_timeout: round 1 ends by it (the dead node never replies), before the SuperLink could declare the node
+    # offline (>= 30 s after the kill: 2 heartbeat intervals of 30 s after its last one)
     cfg = compose(overrides(deploy_data, run_dir, "round_timeout=25", "num_rounds=3",
                             f"deploy.app_dir={misbehaving_app_dir}"))
     out: dict = {}
-    partition = _first_group(cfg)[0]
-    victim, node_config = _victim(tmp_path, partition, 4)
+    partition = _group(cfg, 1)[0]
+    victim, _ = _victim(tmp_path, partition, 4)
+    # round 2's nodes hold their training until the restarted node is online, so round 3 (the victim's partition
+    # again) finds it connected (without this wait, a restart slowed by a loaded machine registered 0.3 s after
+    # round 3 had started, and the partition was skipped); the restart now has the rest of round 1 and round 2's
+    # timeout less round 2's training to come online, and round 3 waits up to 25 s for its partition answer
+    gate = tmp_path / "gate"
+    node_config = {partition: victim, **{p: {"train-gate": str(gate)} for p in _group(cfg, 2)}}
 
     def on_start(fed: Federation) -> None:
-        _held_victim(fed, out, partition, signal.SIGKILL, True, victim)
+        _held_victim(fed, out, partition, signal.SIGKILL, True, victim, gate)
         out["on_line"] = _watch(fed, out)
 
     result = deploy_and_check_cleanup(cfg, run_dir, lambda line: out["on_line"](line), on_start, node_config)
@@ -159,12 +176,13 @@ def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, misbehavi
     assert sum(r.get("num_reassigned") for r in metrics[1:]) == 1  # (when its answer came: round 2 or 3)
 
 
-def _first_group(cfg: dict) -> list[int]:
+def _group(cfg: dict, rnd: int) -> list[int]:
+    """The partitions the run's schedule selects in round ``rnd``."""
     from strategies.participation import make_schedule
 
     p = cfg["participation"]
     return make_schedule(p["mode"], cfg["num_clients"], p["fraction"], cfg["seed"], p.get("groups")) \
-        .clients_for_round(1)
+        .clients_for_round(rnd)
 
 
 def _crash_superlink_after_round(fed: Federation, run_dir: Path, rnd: int, out: dict) -> None:
