@@ -15,6 +15,7 @@ from raytools import BIN, free_port, private_ray_tmp, processes_with, ray_env, w
 from simcli import sim_args
 
 from server.report.metrics import read_metrics
+from server.run.procs import cmdline
 
 pytestmark = pytest.mark.e2e
 NOISE = ("DEPRECATED FEATURE", "run_simulation", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "FutureWarning",
@@ -29,14 +30,6 @@ def ray_tmp():
         os.kill(pid, signal.SIGKILL)
     wait_gone(str(path))
     subprocess.run(["rm", "-rf", str(path)], check=False)
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _stale_cluster_file(ray_tmp):
@@ -65,7 +58,7 @@ def test_default_starts_a_fresh_local_ray_whatever_the_environment_says(tiny_dat
     assert [word for word in NOISE if word in output] == []
     # no process of its Ray outlives the run: they are gone when it returns, not some time later
     # (server/ray/leftovers.py; the signal guard is waited for by the run and has tests of its own)
-    assert [pid for pid in processes_with(str(ray_tmp)) if "stop_guard" not in _cmdline(pid)] == []
+    assert [pid for pid in processes_with(str(ray_tmp)) if "stop_guard" not in cmdline(pid)] == []
 
 
 # Ray workers whose interpreter does not end after Ray let them go (as two actors finalising their heap for ~7 min
@@ -92,7 +85,7 @@ def test_ray_workers_that_do_not_exit_end_with_the_run(tiny_data, tmp_path, ray_
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2]
-    assert [pid for pid in processes_with(str(ray_tmp)) if "stop_guard" not in _cmdline(pid)] == []
+    assert [pid for pid in processes_with(str(ray_tmp)) if "stop_guard" not in cmdline(pid)] == []
     assert "process(es) of this run still running" in output, output[-3000:]
 
 
