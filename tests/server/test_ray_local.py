@@ -61,17 +61,19 @@ def test_default_starts_a_fresh_local_ray_whatever_the_environment_says(tiny_dat
     assert [pid for pid in processes_with(str(ray_tmp)) if "stop_guard" not in cmdline(pid)] == []
 
 
-# Ray workers whose interpreter does not end after Ray let them go (as two actors finalising their heap for ~7 min
-# on a loaded machine did): an exit handler that ignores SIGTERM and sleeps, in Ray's worker processes only
+# Processes of the run that outlive Ray's shutdown (as two actors finalising their heap for ~7 min on a loaded
+# machine did): each Ray worker starts a child in a session of its own that ignores SIGTERM and sleeps, and Ray is
+# told not to end its workers' children. A child, not the worker itself: how a worker ends (a clean exit that runs
+# exit handlers, os._exit, or Ray's SIGKILL) depends on timing, so a worker that lingers from an exit handler did
+# not linger in every run. The child carries the run's environment, as the workers do, and outlives the run every
+# time unless the run's sweep (server/ray/leftovers.py) ends it.
 LINGER = """import sys
 if sys.argv and sys.argv[0].endswith("default_worker.py"):
-    import atexit, signal, time
+    import subprocess
 
-    def _linger():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        time.sleep(3600)
-
-    atexit.register(_linger)
+    subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      "time.sleep(3600)"], start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 """
 
 
@@ -81,7 +83,8 @@ def test_ray_workers_that_do_not_exit_end_with_the_run(tiny_data, tmp_path, ray_
     site.mkdir()
     (site / "sitecustomize.py").write_text(LINGER)
     pythonpath = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    proc = _run(sim_args(tiny_data, tmp_path / "run"), ray_tmp, PYTHONPATH=pythonpath)
+    proc = _run(sim_args(tiny_data, tmp_path / "run"), ray_tmp, PYTHONPATH=pythonpath,
+                RAY_kill_child_processes_on_worker_exit="0")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2]
