@@ -64,7 +64,7 @@ def client_examples(cfg: Mapping[str, Any], ds: Dataset | NaturalData, partition
         return ds.client(int(partition_id), augment)
     idx = get_partition(cfg, split)[int(partition_id)]
     x, y = (ds.x_train, ds.y_train) if split == "train" else (ds.x_test, ds.y_test)
-    return ImageExamples(x[idx], y[idx], ds.mean, ds.std, augment)
+    return ImageExamples(x, y[idx], ds.mean, ds.std, augment, rows=idx)
 
 
 def get_partition(cfg: Mapping[str, Any], split: str = "train") -> list[np.ndarray]:

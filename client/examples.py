@@ -54,11 +54,23 @@ class _ClassificationLoss:
 
 
 class ImageExamples(_ClassificationLoss):
-    """uint8 images (n, H, W, C) and labels; normalised per channel, augmented when ``augment``."""
+    """uint8 images (n, H, W, C) and labels; normalised per channel, augmented when ``augment``.
+
+    With ``rows``, the images are ``x[rows]``, read on first use of :attr:`x`: a client of the batched engine whose
+    float copy is already cached (``client.stacked``) never reads them again.
+    """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, mean: Sequence[float], std: Sequence[float],
-                 augment: bool = True) -> None:
-        self.x, self.y, self.mean, self.std, self.augment = x, y, mean, std, augment
+                 augment: bool = True, rows: np.ndarray | None = None) -> None:
+        self._x, self._rows = x, rows
+        self.y, self.mean, self.std, self.augment = y, mean, std, augment
+
+    @property
+    def x(self) -> np.ndarray:
+        """The images (n, H, W, C)."""
+        if self._rows is not None:
+            self._x, self._rows = self._x[self._rows], None
+        return self._x
 
     def __len__(self) -> int:
         return len(self.y)

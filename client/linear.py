@@ -65,7 +65,8 @@ class LinearChunk(_Chunk):
                 idx = loss_before_indices(len(c.y), self.cfg.batch_size, steps, self.cfg.loss_before_batches, gen)
                 rows = np.arange(len(c.y)) if idx is None else idx
                 x = self.plain[i] if idx is None else self.batch(i, idx, augment=False)
-                target = self.y[i] if idx is None else self.y[i][torch.from_numpy(rows).to(self.device)]
+                target = self.y[i] if idx is None else torch.index_select(self.y[i], 0, torch.from_numpy(rows).to(
+                    self.device))
                 z = F.linear(x.flatten(1), self.params[WEIGHT][i], self.params[BIAS][i])
                 out.append(float(F.cross_entropy(z, target, reduction="sum")) / len(rows))
         return out

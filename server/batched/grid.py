@@ -211,8 +211,8 @@ class BatchedGrid(Grid):
     def _train_stacked(self, chunk: list[tuple[Message, client_app.TrainJob]]) -> None:
         """Train ``chunk`` stacked and reply; if that raises, each client through its own handler instead."""
         first = chunk[0][1]
-        inputs = [ClientInput(job.examples.x, job.examples.y, job.train_cfg, job.initial, **job.extra,
-                              key=_data_key(job)) for _, job in chunk]
+        inputs = [ClientInput(lambda examples=job.examples: examples.x, job.examples.y, job.train_cfg, job.initial,
+                              **job.extra, key=_data_key(job)) for _, job in chunk]
         try:
             results = stacked_local_train(first.model, inputs, first.examples.mean, first.examples.std, self.device)
         except Exception:

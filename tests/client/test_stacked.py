@@ -97,6 +97,41 @@ def test_models_with_buffers_are_refused():
         stacked_local_train(torch.nn.BatchNorm1d(3), [], MEAN, STD, torch.device("cpu"))
 
 
+def test_a_cached_client_does_not_read_its_images_again(monkeypatch):
+    """A client whose float copy is cached (by ``key``) trains the same without its images being read: the
+    batched engine hands a reader (``ImageExamples`` with ``rows`` reads on first use), called on a miss only."""
+    import client.stacked as stacked
+    from client.examples import ImageExamples
+
+    monkeypatch.setattr(stacked, "_CACHE", {})
+    model = build_model("logreg")
+    clients = stacked_clients("fedavgm", model, np.random.default_rng(1), augment=False)
+    source = np.concatenate([c.x for c in clients])
+    starts = np.cumsum([0] + [len(c.y) for c in clients])
+    reads = []
+
+    def inputs():
+        out = []
+        for i, c in enumerate(clients):
+            examples = ImageExamples(source, c.y, MEAN, STD, False, rows=np.arange(starts[i], starts[i + 1]))
+
+            def reader(examples=examples, i=i):
+                reads.append(i)
+                return examples.x
+            out.append(stacked.ClientInput(reader, c.y, c.cfg, c.initial, key=("data", i)))
+        return out
+
+    expected = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
+    first = stacked_local_train(model, inputs(), MEAN, STD, torch.device("cpu"))
+    again = stacked_local_train(model, inputs(), MEAN, STD, torch.device("cpu"))
+    assert reads == list(range(len(clients)))  # the first round's misses only
+    for e, f, a in zip(expected, first, again):
+        for k in e.arrays:
+            assert torch.equal(e.arrays[k], f.arrays[k]) and torch.equal(e.arrays[k], a.arrays[k]), k
+    examples = ImageExamples(source, clients[0].y, MEAN, STD, False, rows=np.array([2, 0]))
+    assert np.array_equal(examples.x, source[[2, 0]]) and examples.x is examples.x  # read once, then kept
+
+
 @pytest.mark.parametrize("augment", [False, True])
 @pytest.mark.parametrize("loss_before_batches", [0, 1, -1])
 @pytest.mark.parametrize("algorithm", ["fedavgm", "localupdate", "ghbm"])
