@@ -98,10 +98,15 @@ def make_stackoverflow(num_clients: int = 4, per_client: int = 12, seed: int = 0
 
 
 def write(dd: datasets.DatasetDict, path: str | Path, fmt: str = "parquet") -> Path:
-    """Save as a Hugging Face dataset folder ("disk") or as ``<split>.parquet`` files ("parquet")."""
+    """Save as a Hugging Face dataset folder ("disk"), as ``<split>.parquet`` files ("parquet") or as
+    ``<split>.csv`` files ("csv", pandas' default quoting, as the hub's ``flwrlabs/shakespeare`` CSV)."""
     path = Path(path)
     if fmt == "disk":
         dd.save_to_disk(str(path))
+    elif fmt == "csv":
+        path.mkdir(parents=True, exist_ok=True)
+        for split, ds in dd.items():
+            ds.to_csv(str(path / f"{split}.csv"), index=False)
     else:
         path.mkdir(parents=True, exist_ok=True)
         for split, ds in dd.items():

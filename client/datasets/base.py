@@ -6,7 +6,10 @@ rows become arrays. Its data come from, in order:
 - ``root`` (``data.root``): a local copy in the hub schema — a folder saved by ``Dataset.save_to_disk`` /
   ``DatasetDict.save_to_disk``, or parquet files (one ``.parquet`` file, or a folder of them; a file or folder
   whose name starts with ``test`` is the test split, the rest is ``train``; they are streamed into one
-  memory-mapped Arrow file per split under ``HF_DATASETS_CACHE``, a record batch at a time);
+  memory-mapped Arrow file per split under ``HF_DATASETS_CACHE``, a record batch at a time), or CSV files named
+  the same way for the text tasks (the hub's ``flwrlabs/shakespeare`` is one ``shakespeare.csv``): read by
+  ``datasets``' CSV builder, as the download is, but every field as the string it is (no type guessing, no
+  "NA"/"null" turned into a missing value);
 - otherwise, with ``download`` true, the hub copy through ``flwr_datasets.FederatedDataset`` (``datasets``
   caches the download in ``$HF_HOME``); a failed download is a :class:`DataSourceError` naming the dataset.
 
@@ -117,8 +120,9 @@ def _stamps(files: list[Path] | list[str]) -> list[str]:
     return [f"{f}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in files]
 
 
-def _parquet_files(path: Path) -> dict[str, list[str]]:
-    files = [path] if path.is_file() else sorted(path.rglob("*.parquet"))
+def _local_files(path: Path, suffix: str) -> dict[str, list[str]]:
+    """{split: files} of a local copy: ``path`` itself, or the ``suffix`` files under it."""
+    files = [path] if path.is_file() else sorted(path.rglob(f"*{suffix}"))
     out: dict[str, list[str]] = {}
     for f in files:
         rel = f.relative_to(path) if path.is_dir() else Path(f.name)
@@ -141,8 +145,11 @@ def open_source(spec: TaskSpec, root: str | None, download: bool) -> dict[str, A
             if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
                 loaded = datasets.load_from_disk(str(path))
                 splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+            elif path.suffix == ".csv" or (path.is_dir() and not any(path.rglob("*.parquet"))
+                                           and any(path.rglob("*.csv"))):
+                splits = _from_csv(_local_files(path, ".csv"))
             else:
-                files = _parquet_files(path)
+                files = _local_files(path, ".parquet")
                 if "train" not in files:
                     raise DataSourceError(f"{path} holds no saved Hugging Face dataset and no train parquet files")
                 splits = {s: _from_parquet(f) for s, f in files.items()}
@@ -187,6 +194,29 @@ def _from_parquet(files: list[str]) -> Any:
         finally:
             tmp.unlink(missing_ok=True)
     return datasets.Dataset.from_file(str(path))
+
+
+def _from_csv(files: dict[str, list[str]]) -> dict[str, Any]:
+    """{split: Dataset} of CSV files (``datasets``' CSV builder, cached under ``HF_DATASETS_CACHE``), every column
+    read as strings: pandas would otherwise guess a column's type chunk by chunk and read "NA", "null" or "None"
+    (a Stack Overflow sentence, a role's name) as missing."""
+    import csv
+
+    import datasets
+
+    if "train" not in files:
+        raise DataSourceError(f"no train CSV file among {sorted(f for fs in files.values() for f in fs)}")
+    with open(files["train"][0], newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    features = datasets.Features({name: datasets.Value("string") for name in header})
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a parse error is ours to say, in one line
+    try:
+        return dict(datasets.load_dataset("csv", data_files=files, features=features, na_filter=False))
+    except datasets.exceptions.DatasetGenerationError as err:  # the builder's own words hide pandas' reason
+        raise (err.__cause__ or err) from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
 
 
 def _download(spec: TaskSpec, download: bool) -> dict[str, Any]:

@@ -3,6 +3,7 @@ real flwr-datasets partitioners, every model's forward/backward and size, and ba
 
 from __future__ import annotations
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -56,6 +57,49 @@ def test_task_loads_partitions_and_trains(name, fmt, tmp_path):
     again = load_task(name, str(root), str(tmp_path / "cache"))  # cache hit: same arrays, memory-mapped
     assert again.cache_path == data.cache_path
     assert all(isinstance(a, np.memmap) for a in again.arrays["train"].values())
+
+
+def _looks_missing_or_numeric(name: str, dd):
+    """Fields pandas would read as missing ("None", "NA", "null") or as numbers ("999" sorts after "1000" as text,
+    before it as a number)."""
+    column = "character_id" if name == "shakespeare" else "client_id"
+    first = dd["train"][0][column]
+    renamed = "None" if name == "shakespeare" else "999"
+
+    def change(row, i):
+        row = dict(row)
+        if row[column] == first:
+            row[column] = renamed
+        if i == 0 and name != "shakespeare":
+            row["tokens"], row["title"] = "null NA", "NA"
+        return row
+
+    return datasets.DatasetDict({"train": dd["train"].map(change, with_indices=True)})
+
+
+@pytest.mark.parametrize("name", ["shakespeare", "stackoverflow_nwp", "stackoverflow_tp"])
+def test_a_csv_copy_encodes_as_the_parquet_copy(name, tmp_path):
+    """A text task's local copy may be CSV (the hub's flwrlabs/shakespeare is one CSV file): the same clients, in
+    the same order, and the same arrays as the same rows in parquet, every field read as the text it is."""
+    source = _looks_missing_or_numeric(name, MAKERS[name]())
+    parquet = load_task(name, str(write(source, tmp_path / "pq")), str(tmp_path / "cache_pq"))
+    csv = load_task(name, str(write(source, tmp_path / "csv", "csv") / "train.csv"), str(tmp_path / "cache_csv"))
+    assert csv.meta["natural_ids"] == parquet.meta["natural_ids"]
+    assert ("None" if name == "shakespeare" else "999") in csv.meta["natural_ids"]
+    assert list(csv.offsets) == list(parquet.offsets)
+    for key, array in parquet.arrays["train"].items():
+        assert np.array_equal(csv.arrays["train"][key], array), key
+
+
+@pytest.mark.parametrize("text, words", [("character_id,x\nA,b\n", "lacks column 'y'"),
+                                         ("character_id,x,y\nA,b,c\nA,b,c,d\n",
+                                          "cannot read {}: Error tokenizing data. C error: Expected 3 fields")])
+def test_a_bad_csv_copy_is_one_line(text, words, tmp_path, capfd):
+    (tmp_path / "shakespeare.csv").write_text(text)
+    with pytest.raises(DataSourceError) as err:
+        load_task("shakespeare", str(tmp_path / "shakespeare.csv"), str(tmp_path / "cache"))
+    assert words.format(tmp_path / "shakespeare.csv") in str(err.value) and "\n" not in str(err.value)
+    assert "Failed to read" not in capfd.readouterr().err  # no second report of it from the datasets library
 
 
 def test_client_rows_match_the_flwr_datasets_partition(tmp_path):
