@@ -60,6 +60,7 @@ class TaskSpec:
     partitioner: Callable[[int], Any] | None = None  # (seed) -> Partitioner; None: NaturalIdPartitioner
     extra: Mapping[str, Any] = field(default_factory=dict)
     arrow: bool = False  # encode takes pyarrow Tables of many clients' rows, not dicts of Python values
+    hub_kwargs: Mapping[str, Any] = field(default_factory=dict)  # datasets.load_dataset options of the hub copy
 
 
 @dataclass(frozen=True)
@@ -230,8 +231,10 @@ def _download(spec: TaskSpec, download: bool) -> dict[str, Any]:
 
     try:  # flwr-datasets downloads every split of the named dataset through datasets.load_dataset
         fds = FederatedDataset(dataset=spec.hub_name, shuffle=False,
-                               partitioners={"train": NaturalIdPartitioner(partition_by=spec.partition_by)})
-        return {s: fds.load_split(s) for s in fds._dataset}  # noqa: SLF001 - the splits it downloaded
+                               partitioners={"train": NaturalIdPartitioner(partition_by=spec.partition_by)},
+                               **spec.hub_kwargs)
+        train = fds.load_split("train")  # the download (every split) happens here, on first use
+        return {"train": train, **{s: fds.load_split(s) for s in fds._dataset if s != "train"}}  # noqa: SLF001
     except Exception as err:  # offline, unknown name, auth: one line
         raise DataSourceError(f"could not download {spec.hub_name!r} for {spec.name}: "
                               f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None

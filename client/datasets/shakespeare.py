@@ -59,4 +59,5 @@ SPEC = TaskSpec(
     name="shakespeare", hub_name="flwrlabs/shakespeare", partition_by="character_id",
     columns={"character_id": "string role id", "x": "80 characters", "y": "the next character"},
     arrays=_arrays, encode=_encode, examples=_examples, prepare=lambda dataset: {"num_outputs": VOCAB_SIZE},
+    hub_kwargs={"na_filter": False},  # the hub copy is one CSV: no field read as missing (a local CSV copy too)
 )

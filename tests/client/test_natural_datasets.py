@@ -91,6 +91,22 @@ def test_a_csv_copy_encodes_as_the_parquet_copy(name, tmp_path):
         assert np.array_equal(csv.arrays["train"][key], array), key
 
 
+def test_the_hub_csv_of_shakespeare_is_read_as_text_too(tmp_path, monkeypatch):
+    """flwrlabs/shakespeare is one CSV file on the hub: its download asks datasets' CSV builder to read no field as
+    missing, as a local CSV copy is read. Up to the network: ``load_dataset`` of the hub name reads a local CSV with
+    the options the download passed."""
+    csv = write(_looks_missing_or_numeric("shakespeare", MAKERS["shakespeare"]()), tmp_path / "hub", "csv")
+    real, asked = datasets.load_dataset, []
+
+    def hub(path, name=None, **options):
+        asked.append(path)
+        return real("csv", data_files={"train": str(csv / "train.csv")}, **options)
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    data = load_task("shakespeare", None, str(tmp_path / "cache"), download=True)
+    assert asked == ["flwrlabs/shakespeare"] and "None" in data.meta["natural_ids"]
+
+
 @pytest.mark.parametrize("text, words", [("character_id,x\nA,b\n", "lacks column 'y'"),
                                          ("character_id,x,y\nA,b,c\nA,b,c,d\n",
                                           "cannot read {}: Error tokenizing data. C error: Expected 3 fields")])
