@@ -27,11 +27,13 @@ run: setup
 # Everything (what CI runs): ruff, then every test, JOBS at a time (tests/conftest.py groups shared fixtures).
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup $(ARGS)
 
 # The edit-test loop (<= 3 min): unit, math, theory and validation tests plus one end-to-end simulation.
 test-fast: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not e2e or smoke" $(ARGS)
 
 theory: setup

@@ -1,7 +1,7 @@
 """Client-side figures: JPEG-tarball decode (cold / warm cache), fresh-process load cost, and local-training
 throughput of the CNN and ResNet-20 with augmentation.
 
-    python benchmarks/client_throughput.py --source /work/shared/data/cifar10-jpeg.tar.gz --threads 2
+    python -m benchmarks.client_throughput --source /data/cifar10-jpeg.tar.gz --threads 2
 
 The cold decode uses a fresh temporary cache directory (removed afterwards), so the user's cache is untouched.
 """
@@ -50,8 +50,12 @@ def main() -> None:
         ds = load_dataset("cifar10_folder", args.source, cache)
         out["load_warm_s"] = time.perf_counter() - t
         # what a fresh flwr-clientapp process pays: imports + mmap load, then the partition
-        res = subprocess.run([sys.executable, "-c", LOAD_SNIPPET.format(root=args.source, cache=cache)],
-                             capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            [sys.executable, "-c", LOAD_SNIPPET.format(root=args.source, cache=cache)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         out["fresh_process_import_load_s"], out["fresh_process_partition_s"] = map(float, res.stdout.split())
 
         parts = dirichlet_partition(ds.y_train, 100, 0.1, seed=0)
@@ -66,8 +70,9 @@ def main() -> None:
                     images += args.epochs * len(idx)
                     seconds += r.metrics["train-time"]
             out[f"{name}_images_per_s_incl_loss_before"] = images / seconds
-            cfg_train_only = TrainConfig("fedavgm", 0.05, local_epochs=args.epochs, batch_size=64,
-                                         loss_before_batches=1)
+            cfg_train_only = TrainConfig(
+                "fedavgm", 0.05, local_epochs=args.epochs, batch_size=64, loss_before_batches=1
+            )
             t = time.perf_counter()
             for i in range(1, args.clients + 1):
                 local_train(model, ds.x_train[parts[i]], ds.y_train[parts[i]], ds.mean, ds.std, cfg_train_only)

@@ -1,4 +1,4 @@
-"""How long the convex study must take on this machine: a compute bound from measured matrix throughput (issue 17).
+"""How long the convex study must take on this machine: a compute bound from measured matrix throughput.
 
 The study's cost is its local steps. One step of the convex setting (docs/convex.md: ``model=logreg`` on CIFAR-10,
 C = 10 classes, D = 3·32·32 inputs, B = 64, A = 10 clients of a round stacked) is two batched matrix products,
@@ -9,12 +9,12 @@ logits = W Xᵀ and ∇W = G X, i.e. 2 · 2ACBD flops; everything else in a step
 - a square float32 matrix product (n = 2048), the most this CPU's BLAS gets out of a core,
 
 both with one thread (the study runs one process per core), then prints the study's total flops (the default of
-``benchmarks/convex_study.py``, counted from its grids: 550,000 final + 39,500 tuning rounds of 8 steps) and the
+``studies/convex_study.py``, counted from its grids: 550,000 final + 39,500 tuning rounds of 8 steps) and the
 time they need at each rate, with every core busy. The second figure is a floor no implementation on these cores goes
 below; the measured per-round time of a real run (``--runs``: run dirs, ``metrics.jsonl`` ``seconds`` of rounds
 without evaluation) is what the study costs today.
 
-    python benchmarks/convex_bound.py [--cores 2] [--repeat 200] [--runs RUN_DIR ...]
+    python -m benchmarks.convex_bound [--cores 2] [--repeat 200] [--runs RUN_DIR ...]
 """
 
 from __future__ import annotations
@@ -24,25 +24,20 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # convex_study.py: the study whose rounds are counted
-
-import convex_study  # noqa: E402
-
-from client.linear import BIAS, WEIGHT, LinearChunk  # noqa: E402
+from client.linear import BIAS, WEIGHT, LinearChunk
+from studies import convex_study  # the study whose rounds are counted
 
 A, B, C, D = 10, 64, 10, 3 * 32 * 32
 STEPS_PER_ROUND = 8  # one epoch of 500 examples at B = 64
 
 
 def study_rounds() -> int:
-    """Rounds of convex_study.py's default: final (6 methods x 3 variants + 4 seed 001 methods) + tuning grids."""
+    """Rounds of convex_study.py's default: final (6 methods x 3 variants + 4 paper 2 methods) + tuning grids."""
     full, seed001_grid = convex_study.SCALES["full"], math.prod(len(v) for v in convex_study.ETA_GRID.values())
     tune_jobs = sum(math.prod(len(v) for v in grid.values()) for grid in convex_study.GRIDS.values())
     tune_jobs += len(convex_study.SEED001) * seed001_grid
@@ -99,14 +94,20 @@ def main() -> int:
     total = flops_step * STEPS_PER_ROUND * ROUNDS
     step = step_seconds(args.repeat)
     peak = gemm_gflops()
-    print(f"stacked logreg step (A={A}, B={B}, C={C}, D={D}): {step * 1e3:.2f} ms, {flops_step / step / 1e9:.1f} "
-          f"GFLOP/s on one thread; float32 GEMM n=2048: {peak:.1f} GFLOP/s")
-    print(f"study: {ROUNDS:,} rounds x {STEPS_PER_ROUND} steps x {flops_step / 1e6:.1f} MFLOP = {total / 1e12:.0f} "
-          f"TFLOP; on {args.cores} cores: {total / (flops_step / step) / args.cores / 60:.0f} min at the step's rate, "
-          f"{total / (peak * 1e9) / args.cores / 60:.0f} min at the GEMM rate (a floor), 90 min allowed")
+    print(
+        f"stacked logreg step (A={A}, B={B}, C={C}, D={D}): {step * 1e3:.2f} ms, {flops_step / step / 1e9:.1f} "
+        f"GFLOP/s on one thread; float32 GEMM n=2048: {peak:.1f} GFLOP/s"
+    )
+    print(
+        f"study: {ROUNDS:,} rounds x {STEPS_PER_ROUND} steps x {flops_step / 1e6:.1f} MFLOP = {total / 1e12:.0f} "
+        f"TFLOP; on {args.cores} cores: {total / (flops_step / step) / args.cores / 60:.0f} min at the step's rate, "
+        f"{total / (peak * 1e9) / args.cores / 60:.0f} min at the GEMM rate (a floor), 90 min allowed"
+    )
     for d, s in zip(args.runs, run_round_seconds(args.runs)):
-        print(f"run {d}: {s * 1e3:.0f} ms per round without evaluation -> {ROUNDS * s / args.cores / 3600:.1f} h "
-              f"for the study's rounds on {args.cores} cores")
+        print(
+            f"run {d}: {s * 1e3:.0f} ms per round without evaluation -> {ROUNDS * s / args.cores / 3600:.1f} h "
+            f"for the study's rounds on {args.cores} cores"
+        )
     return 0
 
 

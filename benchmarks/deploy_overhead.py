@@ -10,11 +10,11 @@ carries start-up work (partition queries, first imports) and is reported apart; 
 of the medians of rounds 2..R. The bare client work of one round (``train_on_partition`` in this process, no
 Flower) is measured too. Prints a Markdown table (docs/benchmarks.md records the figures) and the load average.
 
-    python benchmarks/deploy_overhead.py                     # generated 32x32 data, 4 clients, 6 rounds
-    python benchmarks/deploy_overhead.py --polls 0.2,0.5     # the fast mode with a 0.2 s and a 0.5 s SuperNode poll
-    python benchmarks/deploy_overhead.py --idle-cpu          # CPU burnt by an idle federation of 4 SuperNodes
+    python -m benchmarks.deploy_overhead                     # generated 32x32 data, 4 clients, 6 rounds
+    python -m benchmarks.deploy_overhead --polls 0.2,0.5     # the fast mode with a 0.2 s and a 0.5 s SuperNode poll
+    python -m benchmarks.deploy_overhead --idle-cpu          # CPU burnt by an idle federation of 4 SuperNodes
 
-    python benchmarks/deploy_overhead.py --data /data/cifar10-jpeg.tar.gz --local-steps 20 --rounds 6
+    python -m benchmarks.deploy_overhead --data /data/cifar10-jpeg.tar.gz --local-steps 20 --rounds 6
 """
 
 from __future__ import annotations
@@ -34,24 +34,38 @@ BIN = Path(sys.executable).parent
 
 
 def _overrides(args: argparse.Namespace, data: Path, cache: Path, run_dir: Path) -> list[str]:
-    return [f"data.root={data}", f"data.cache_dir={cache}", f"num_clients={args.clients}",
-            f"num_rounds={args.rounds}", f"participation.fraction={args.fraction}",
-            f"client.local_steps={args.local_steps}", f"client.batch_size={args.batch_size}",
-            "client.torch_threads=1", f"eval_max_examples={args.eval_max}", f"run_dir={run_dir}",
-            f"hydra.run.dir={run_dir}"]
+    return [
+        f"data.root={data}",
+        f"data.cache_dir={cache}",
+        f"num_clients={args.clients}",
+        f"num_rounds={args.rounds}",
+        f"participation.fraction={args.fraction}",
+        f"client.local_steps={args.local_steps}",
+        f"client.batch_size={args.batch_size}",
+        "client.torch_threads=1",
+        f"eval_max_examples={args.eval_max}",
+        f"run_dir={run_dir}",
+        f"hydra.run.dir={run_dir}",
+    ]
 
 
 def engines(polls: list[float]) -> dict[str, tuple[str, list[str]]]:
     """label -> (console script, extra overrides): simulation, stock deployment (state in a file, as Flower's
     ``--database``), fast deployment with the state in a file, fast deployment (default ``deploy.database=auto``:
     in memory for this local federation) per poll interval."""
-    out = {"flower-simulation": ("flower-simulation", []),
-           "flower-deploy deploy.fast=false deploy.database=true (stock Flower)": (
-               "flower-deploy", ["deploy.fast=false", "deploy.database=true"]),
-           "flower-deploy deploy.database=true (fast, state in a file)": ("flower-deploy", ["deploy.database=true"])}
+    out = {
+        "flower-simulation": ("flower-simulation", []),
+        "flower-deploy deploy.fast=false deploy.database=true (stock Flower)": (
+            "flower-deploy",
+            ["deploy.fast=false", "deploy.database=true"],
+        ),
+        "flower-deploy deploy.database=true (fast, state in a file)": ("flower-deploy", ["deploy.database=true"]),
+    }
     for poll in polls:
         out[f"flower-deploy deploy.poll_interval={poll} (fast, default: state in memory)"] = (
-            "flower-deploy", [f"deploy.poll_interval={poll}"])
+            "flower-deploy",
+            [f"deploy.poll_interval={poll}"],
+        )
     return out
 
 
@@ -63,8 +77,13 @@ def _run(engine: str, overrides: list[str], run_dir: Path) -> dict[str, float]:
         raise SystemExit(f"{engine} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     secs = [float(r["seconds"]) for r in rows if r["round"] >= 1]
-    return {"wall": wall, "round1": secs[0], "median": statistics.median(secs[1:]),
-            "min": min(secs[1:]), "max": max(secs[1:])}
+    return {
+        "wall": wall,
+        "round1": secs[0],
+        "median": statistics.median(secs[1:]),
+        "min": min(secs[1:]),
+        "max": max(secs[1:]),
+    }
 
 
 def _client_work(args: argparse.Namespace, data: Path, cache: Path) -> float:
@@ -75,9 +94,13 @@ def _client_work(args: argparse.Namespace, data: Path, cache: Path) -> float:
     from client.models import build_model
     from server.run import config as config_lib
 
-    cfg = {"model": {"name": "cnn"}, "data": {"name": "cifar10_folder", "root": str(data), "cache_dir": str(cache),
-           "alpha": 0.0}, "num_clients": args.clients, "seed": 0,
-           "client": {"batch_size": args.batch_size, "local_steps": args.local_steps, "local_epochs": 1}}
+    cfg = {
+        "model": {"name": "cnn"},
+        "data": {"name": "cifar10_folder", "root": str(data), "cache_dir": str(cache), "alpha": 0.0},
+        "num_clients": args.clients,
+        "seed": 0,
+        "client": {"batch_size": args.batch_size, "local_steps": args.local_steps, "local_epochs": 1},
+    }
     config = {**config_lib.client_config(cfg), "algorithm": "fedavgm", "client-lr": 0.01, "torch-threads": 1}
     torch.manual_seed(0)
     arrays = {k: v.numpy() for k, v in build_model("cnn").state_dict().items()}
@@ -97,7 +120,7 @@ def _cpu_seconds(pids: set[int]) -> dict[int, float]:
             text = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
-        fields = text[text.rindex(")") + 2:].split()
+        fields = text[text.rindex(")") + 2 :].split()
         out[pid] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
@@ -118,8 +141,10 @@ def _idle_cpu(fast: bool, poll: float, seconds: float = 20.0) -> tuple[float, fl
             members = {p.name: p.members(table) for p in fed.processes()}
             before = {name: _cpu_seconds(pids) for name, pids in members.items()}
             time.sleep(seconds)
-            used = {name: sum(v - before[name].get(pid, v) for pid, v in _cpu_seconds(pids).items()) / seconds
-                    for name, pids in members.items()}
+            used = {
+                name: sum(v - before[name].get(pid, v) for pid, v in _cpu_seconds(pids).items()) / seconds
+                for name, pids in members.items()
+            }
         finally:
             fed.stop()
     return used["superlink"] + used.get("superexec", 0.0), sum(used.values())
@@ -129,8 +154,10 @@ def _idle_cpu_table(polls: list[float]) -> None:
     print(f"1-min load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)\n")
     print("| idle federation (SuperLink + 4 SuperNodes) | SuperLink CPU-s/s | all processes CPU-s/s |")
     print("| --- | --- | --- |")
-    for label, fast, poll in [("stock Flower (3 s pulls)", False, 3.0),
-                              *[(f"fast, poll_interval={p}", True, p) for p in polls]]:
+    for label, fast, poll in [
+        ("stock Flower (3 s pulls)", False, 3.0),
+        *[(f"fast, poll_interval={p}", True, p) for p in polls],
+    ]:
         link, total = _idle_cpu(fast, poll)
         print(f"| {label} | {link:.3f} | {total:.3f} |", flush=True)
 
@@ -145,10 +172,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--eval-max", type=int, default=200)
     parser.add_argument("--polls", default="0.5", help="comma-separated deploy.poll_interval values (fast mode)")
-    parser.add_argument("--idle-cpu", action="store_true",
-                        help="only measure the CPU use of an idle federation (SuperLink + 4 SuperNodes, no run)")
+    parser.add_argument(
+        "--idle-cpu",
+        action="store_true",
+        help="only measure the CPU use of an idle federation (SuperLink + 4 SuperNodes, no run)",
+    )
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     if args.idle_cpu:
         _idle_cpu_table([float(p) for p in args.polls.split(",")])
         return
@@ -156,8 +185,7 @@ def main() -> None:
         tmp_path = Path(tmp)
         data = args.data
         if data is None:
-            sys.path.insert(0, str(ROOT / "tests"))
-            from datagen import make_image_folder
+            from tools.datagen import make_image_folder
 
             data = make_image_folder(tmp_path / "data", per_class=100, test_per_class=20)
         data, cache = data.resolve(), tmp_path / "cache"
@@ -169,15 +197,19 @@ def main() -> None:
             run_dir = tmp_path / f"run{i}"
             results[label] = _run(engine, [*_overrides(args, data, cache, run_dir), *extra], run_dir)
     sim = results["flower-simulation"]
-    print(f"config: {args.clients} clients, fraction {args.fraction}, {args.rounds} rounds, {args.local_steps} "
-          f"local steps x batch {args.batch_size}, server eval on {args.eval_max} test images, torch_threads=1; "
-          f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} CPUs)\n")
+    print(
+        f"config: {args.clients} clients, fraction {args.fraction}, {args.rounds} rounds, {args.local_steps} "
+        f"local steps x batch {args.batch_size}, server eval on {args.eval_max} test images, torch_threads=1; "
+        f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} CPUs)\n"
+    )
     print("| engine | command wall (s) | round 1 (s) | rounds 2..R median (min-max) (s) | overhead vs simulation |")
     print("| --- | --- | --- | --- | --- |")
     for name, r in results.items():
         over = f"{r['median'] - sim['median']:+.2f} s (x{r['median'] / sim['median']:.2f})"
-        print(f"| {name} | {r['wall']:.1f} | {r['round1']:.1f} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) "
-              f"| {over} |")
+        print(
+            f"| {name} | {r['wall']:.1f} | {r['round1']:.1f} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) "
+            f"| {over} |"
+        )
     print(f"\nclient work of one round in-process (no Flower): {work:.2f} s")
 
 

@@ -1,6 +1,6 @@
-"""Speed of the GHBM theory runs against seed 000's Table I, measured in the same run.
+"""Speed of the GHBM theory runs against paper 1's Table I, measured in the same run.
 
-Usage: python benchmarks/ghbm_theory_speed.py [--loop-rounds N] [--skip-cli]
+Usage: python -m benchmarks.ghbm_theory_speed [--loop-rounds N] [--skip-cli]
 
 Prints: the FedAvgM/FedCM Table I driver (theory.driver, 2x3 maps, 90 lanes x 10^6 rounds) as the baseline; the
 state driver (theory.state_driver) for each GHBM variant on Table I's 9 schedules x 10^6 rounds, with the state
@@ -50,14 +50,17 @@ def main() -> None:
         took = time.perf_counter() - start
         total += took
         print(f"{name} (d = {rf.dim}), 9 lanes x 10^6 rounds: {took:.2f} s")
-    print(f"GHBM family on Table I (5 variants x 9 lanes x 10^6 rounds): {total:.2f} s = x{total / base:.1f} the "
-          f"baseline")
+    print(
+        f"GHBM family on Table I (5 variants x 9 lanes x 10^6 rounds): {total:.2f} s = x{total / base:.1f} the baseline"
+    )
     rf = exp.family()["ghbm_tau4"]
     start = time.perf_counter()
     run_state_loop(rf, sched, rf.initial_state(0.0), 10.0, args.loop_rounds)
     loop = (time.perf_counter() - start) * T / args.loop_rounds
-    print(f"per-round loop through the same functions, GHBM(tau=4), 9 lanes: {loop:.1f} s for 10^6 rounds "
-          f"(extrapolated from {args.loop_rounds})")
+    print(
+        f"per-round loop through the same functions, GHBM(tau=4), 9 lanes: {loop:.1f} s for 10^6 rounds "
+        f"(extrapolated from {args.loop_rounds})"
+    )
     if not args.skip_cli:
         from theory.cli import main as cli_main
 

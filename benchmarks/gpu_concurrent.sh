@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Several convex-study runs at once on one machine (GPU or CPU): per-run seconds per round and the aggregate rate,
-# which is what `benchmarks/convex_study.py --jobs N` gets there (docs/benchmarks.md "GPU check").
+# which is what `python -m studies.convex_study --jobs N` gets there (docs/benchmarks.md "GPU check").
 #   benchmarks/gpu_concurrent.sh OUT DATA [ROUNDS [N ...]]       # default 200 rounds; N = 8 16
 # Each run: +sweep=convex_seed000, GHBM at eta = 1, eta_l = 0.001, seed i, eval_gap=false (no f* solve), f(x) every
 # 50 rounds, one torch/OpenMP thread per process. First one run alone (it also fills the decode cache), then N at

@@ -1,10 +1,10 @@
-"""Cost of the pre-training loss ("loss-before") in one client's round, default vs full pass (issue 11 §1b).
+"""Cost of the pre-training loss ("loss-before") in one client's round, default vs full pass.
 
-The issue's setting: a client with 25,000 CIFAR-10 images, ``client.local_steps=2``, batch 16, CNN. One round
+The setting: a client with 25,000 CIFAR-10 images, ``client.local_steps=2``, batch 16, CNN. One round
 of ``client.train.local_train`` is timed with ``loss_before_batches`` 0 (the default: the examples the round
 trains on) and -1 (a full pass, the old default), interleaved, in this process and on one torch thread.
 
-    python benchmarks/loss_before.py --data ../shared/data/cifar10-jpeg.tar.gz
+    python -m benchmarks.loss_before --data /data/cifar10-jpeg.tar.gz
 """
 
 from __future__ import annotations
@@ -40,15 +40,32 @@ def main() -> None:
     for rep in range(args.repeats):
         for name, setting in (("round's examples (0)", 0), ("full pass (-1)", LOSS_BEFORE_ALL)):
             torch.manual_seed(0)
-            cfg = TrainConfig("fedavgm", 0.05, local_steps=args.steps, batch_size=args.batch,
-                              loss_before_batches=setting, server_round=rep + 1)
+            cfg = TrainConfig(
+                "fedavgm",
+                0.05,
+                local_steps=args.steps,
+                batch_size=args.batch,
+                loss_before_batches=setting,
+                server_round=rep + 1,
+            )
             t0 = time.perf_counter()
             result = local_train(build_model("cnn"), x, y, ds.mean, ds.std, cfg, device=torch.device("cpu"))
             seconds[name].append(time.perf_counter() - t0)
             losses[name] = result.metrics["loss-before"]
     medians = {k: statistics.median(v) for k, v in seconds.items()}
-    print(json.dumps({"examples": args.examples, "steps": args.steps, "batch": args.batch,
-                      "seconds_per_round_median": medians, "all": seconds, "last_loss_before": losses}, indent=1))
+    print(
+        json.dumps(
+            {
+                "examples": args.examples,
+                "steps": args.steps,
+                "batch": args.batch,
+                "seconds_per_round_median": medians,
+                "all": seconds,
+                "last_loss_before": losses,
+            },
+            indent=1,
+        )
+    )
     ratio = medians["full pass (-1)"] / medians["round's examples (0)"]
     print(f"full pass / default: {ratio:.0f}x")
 

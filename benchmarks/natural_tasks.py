@@ -1,7 +1,7 @@
-"""Load time, memory and seconds per round of seed 001's tasks on local copies of their real size (issue 20 item 6).
+"""Load time, memory and seconds per round of paper 2's tasks on local copies of their real size.
 
 For each task this writes (once; reused while its size is unchanged) a local copy in the hub schema under
-``--out`` (``tests/natural_datagen.py``'s ``write_<task>_copy``: parquet files, rows grouped by client), then
+``--out`` (``tools/natural_datagen.py``'s ``write_<task>_copy``: parquet files, rows grouped by client), then
 measures, each in a fresh subprocess running the project's own loading path (``client.datasets.load_task``, what
 ``flower-simulation`` runs while validating its config):
 
@@ -28,12 +28,11 @@ Real sizes (``--scale 1``): FEMNIST 814,277 rows of 3,597 writers (flwrlabs/femn
 client/datasets/femnist.py's writer count); Shakespeare 4,226,158 rows of 1,129 roles (LEAF's full Shakespeare,
 which flwrlabs/shakespeare is: 4.23M rows on the hub); CIFAR-100 50,000 train + 10,000 test images, 500 clients
 of 100 (Reddi et al. 2021 App. C.2); Stack Overflow 342,477 users, 135,818,730 sentences (TFF, Reddi et al. 2021
-Table) generated at ``--so-fraction`` (default 0.01) of its users and rows. Seed 001's own Table 1 / App. C are
-not in our copy of the paper (/work/shared/seeds/001_*.txt stops at App. B).
+Table) generated at ``--so-fraction`` (default 0.01) of its users and rows.
 
-    python benchmarks/natural_tasks.py --out /work/natdata                       # every task, 3 rounds, batched
-    python benchmarks/natural_tasks.py --out /work/natdata --tasks femnist --engines batched,ray --rounds 4
-    python benchmarks/natural_tasks.py --out /tmp/nat --scale 0.01 --measure load  # a quick look
+    python -m benchmarks.natural_tasks --out /data/natdata                       # every task, 3 rounds, batched
+    python -m benchmarks.natural_tasks --out /data/natdata --tasks femnist --engines batched,ray --rounds 4
+    python -m benchmarks.natural_tasks --out /tmp/nat --scale 0.01 --measure load  # a quick look
 """
 
 from __future__ import annotations
@@ -52,15 +51,18 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 TASKS = ("femnist", "shakespeare", "cifar100", "stackoverflow_nwp", "stackoverflow_tp")
 ENGINES = ("batched", "ray")
 MEASURES = ("load", "rounds")
 LOAD_MODES = ("first", "encode", "hit")  # measure_load's modes, in the order they run
 # copy name, train rows, clients of the real data (see the module docstring for the sources)
-REAL = {"femnist": ("femnist", 814_277, 3_597), "shakespeare": ("shakespeare", 4_226_158, 1_129),
-        "cifar100": ("cifar100", 50_000, 500), "stackoverflow": ("stackoverflow", 135_818_730, 342_477)}
+REAL = {
+    "femnist": ("femnist", 814_277, 3_597),
+    "shakespeare": ("shakespeare", 4_226_158, 1_129),
+    "cifar100": ("cifar100", 50_000, 500),
+    "stackoverflow": ("stackoverflow", 135_818_730, 342_477),
+}
 CIFAR100_TEST = 10_000
 
 
@@ -82,9 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--so-fraction", type=float, default=0.01, help="Stack Overflow's fraction of users and rows")
     p.add_argument("--engines", default="batched", help=f"comma-separated, of {','.join(ENGINES)}")
     p.add_argument("--measure", default=",".join(MEASURES), help=f"comma-separated, of {','.join(MEASURES)}")
-    p.add_argument("--load-modes", default=",".join(LOAD_MODES),
-                   help=f"the loads of --measure load, comma-separated, of {','.join(LOAD_MODES)} (a full-size "
-                        "Stack Overflow first load takes 10-25 min on 2 cores)")
+    p.add_argument(
+        "--load-modes",
+        default=",".join(LOAD_MODES),
+        help=f"the loads of --measure load, comma-separated, of {','.join(LOAD_MODES)} (a full-size "
+        "Stack Overflow first load takes 10-25 min on 2 cores)",
+    )
     p.add_argument("--child-load", nargs=3, metavar=("TASK", "ROOT", "CACHE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_load:
@@ -120,7 +125,7 @@ def copy_sizes(task: str, scale: float, so_fraction: float) -> tuple[str, int, i
 
 def ensure_copy(out: Path, task: str, scale: float, so_fraction: float) -> tuple[Path, float | None]:
     """The copy's folder, written unless one of the same size is there; (folder, seconds spent writing)."""
-    import natural_datagen as gen
+    import tools.natural_datagen as gen
 
     name, rows, clients = copy_sizes(task, scale, so_fraction)
     path = out / "copies" / name
@@ -203,13 +208,21 @@ def child_load(task: str, root: str, cache: str) -> dict[str, Any]:
     peak_anon = sampler.stop()
     end = proc_status()
     data_bytes = data.offsets.nbytes + sum(a.nbytes for split in data.arrays.values() for a in split.values())
-    return {"seconds": seconds + convert.get("seconds", 0.0), "encode_seconds": seconds, "convert": convert,
-            "base_rss": base["VmRSS"], "base_anon": base["RssAnon"], "peak_rss": max(end["VmHWM"],
-                                                                                      convert.get("peak_rss", 0)),
-            "encode_peak_anon": peak_anon, "peak_anon": max(peak_anon, convert.get("peak_anon", 0)),
-            "data_bytes": data_bytes, "partitions": data.num_partitions,
-            "rows": int(data.meta["num_rows"]["train"]), "cache_bytes": du(data.cache_path),
-            "code": str(Path(load_task.__code__.co_filename).parent)}
+    return {
+        "seconds": seconds + convert.get("seconds", 0.0),
+        "encode_seconds": seconds,
+        "convert": convert,
+        "base_rss": base["VmRSS"],
+        "base_anon": base["RssAnon"],
+        "peak_rss": max(end["VmHWM"], convert.get("peak_rss", 0)),
+        "encode_peak_anon": peak_anon,
+        "peak_anon": max(peak_anon, convert.get("peak_anon", 0)),
+        "data_bytes": data_bytes,
+        "partitions": data.num_partitions,
+        "rows": int(data.meta["num_rows"]["train"]),
+        "cache_bytes": du(data.cache_path),
+        "code": str(Path(load_task.__code__.co_filename).parent),
+    }
 
 
 def measure_load(task: str, root: Path, out: Path, mode: str) -> dict[str, Any]:
@@ -223,8 +236,13 @@ def measure_load(task: str, root: Path, out: Path, mode: str) -> dict[str, Any]:
         shutil.rmtree(hf, ignore_errors=True)
     env = {**os.environ, "HF_DATASETS_CACHE": str(hf), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
     load0 = os.getloadavg()[0]
-    proc = subprocess.run([sys.executable, __file__, "--child-load", task, str(root), str(cache)], env=env,
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.natural_tasks", "--child-load", task, str(root), str(cache)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{task} load failed: {proc.stderr.strip().splitlines()[-1:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -238,9 +256,17 @@ def round_seconds(task: str, engine: str, root: Path, out: Path, rounds: int) ->
     run_dir = out / "runs" / f"{task}-{engine}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    cmd = [str(Path(sys.executable).parent / "flower-simulation"), f"+experiment=seed001_{task}",
-           f"data.root={root}", f"data.cache_dir={out / 'cache' / task}", f"num_rounds={rounds}",
-           f"engine={engine}", "eval_train=false", "eval_max_examples=1000", f"hydra.run.dir={run_dir}"]
+    cmd = [
+        str(Path(sys.executable).parent / "flower-simulation"),
+        f"+experiment=seed001_{task}",
+        f"data.root={root}",
+        f"data.cache_dir={out / 'cache' / task}",
+        f"num_rounds={rounds}",
+        f"engine={engine}",
+        "eval_train=false",
+        "eval_max_examples=1000",
+        f"hydra.run.dir={run_dir}",
+    ]
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     with open(run_dir / "stdout.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -248,8 +274,13 @@ def round_seconds(task: str, engine: str, root: Path, out: Path, rounds: int) ->
     if proc.returncode != 0:
         raise RuntimeError(f"{task} on {engine}: exit {proc.returncode}, see {run_dir / 'stdout.log'}")
     seconds = [float(r["seconds"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if int(r["round"]) >= 1]
-    return {"round1": seconds[0], "per_round": statistics.median(seconds[1:]), "seconds": seconds, "wall": wall,
-            "load_avg": (load0, os.getloadavg()[0])}
+    return {
+        "round1": seconds[0],
+        "per_round": statistics.median(seconds[1:]),
+        "seconds": seconds,
+        "wall": wall,
+        "load_avg": (load0, os.getloadavg()[0]),
+    }
 
 
 # --------------------------------------------------------------------------- table
@@ -267,18 +298,37 @@ def _phases(r: dict[str, Any], key: str, fmt: str, unit: float, base: float = 0.
 
 
 def print_table(results: dict[str, dict[str, Any]], engines: list[str]) -> None:
-    head = ["task", "rows", "clients", "copy MiB", "arrow MiB", "first load s (convert + encode)", "peak RSS MiB",
-            "peak anon - base MiB (convert, encode)", "encode alone: peak anon - base MiB", "data MiB", "cache hit s",
-            *[f"s/round {e} (r1)" for e in engines], "load avg"]
+    head = [
+        "task",
+        "rows",
+        "clients",
+        "copy MiB",
+        "arrow MiB",
+        "first load s (convert + encode)",
+        "peak RSS MiB",
+        "peak anon - base MiB (convert, encode)",
+        "encode alone: peak anon - base MiB",
+        "data MiB",
+        "cache hit s",
+        *[f"s/round {e} (r1)" for e in engines],
+        "load avg",
+    ]
     print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     for task, r in results.items():
         first, hit, encode = r.get("first") or {}, r.get("hit") or {}, r.get("encode") or {}
-        cells = [task, f"{first.get('rows', r['rows']):,}", f"{first.get('partitions', r['clients']):,}",
-                 mib(r["copy_bytes"]), mib(first.get("hf_bytes", 0)) if first else "",
-                 _phases(first, "seconds", "{:.1f}", 1.0), f"{mib(first['peak_rss'])} (base {mib(first['base_rss'])})"
-                 if first else "", _phases(first, "peak_anon", "{:,.0f}", 2**20, first.get("base_anon", 0)),
-                 mib(encode["encode_peak_anon"] - encode["base_anon"]) if encode else "",
-                 mib(first["data_bytes"]) if first else "", f"{hit['seconds']:.2f}" if hit else ""]
+        cells = [
+            task,
+            f"{first.get('rows', r['rows']):,}",
+            f"{first.get('partitions', r['clients']):,}",
+            mib(r["copy_bytes"]),
+            mib(first.get("hf_bytes", 0)) if first else "",
+            _phases(first, "seconds", "{:.1f}", 1.0),
+            f"{mib(first['peak_rss'])} (base {mib(first['base_rss'])})" if first else "",
+            _phases(first, "peak_anon", "{:,.0f}", 2**20, first.get("base_anon", 0)),
+            mib(encode["encode_peak_anon"] - encode["base_anon"]) if encode else "",
+            mib(first["data_bytes"]) if first else "",
+            f"{hit['seconds']:.2f}" if hit else "",
+        ]
         cells += [f"{r[e]['per_round']:.2f} ({r[e]['round1']:.1f})" if e in r else "" for e in engines]
         loads = [x["load_avg"][0] for x in (first, encode, hit, *(r.get(e, {}) for e in engines)) if x]
         cells.append(f"{min(loads):.1f}-{max(loads):.1f}" if loads else "")
@@ -296,8 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         root, wrote = ensure_copy(args.out, task, args.scale, args.so_fraction)
         _, rows, clients = copy_sizes(task, args.scale, args.so_fraction)
         r = results[task] = {"rows": rows, "clients": clients, "copy_bytes": du(root), "write_seconds": wrote}
-        print(f"{task}: copy {root} ({mib(r['copy_bytes'])} MiB{f', written in {wrote:.0f} s' if wrote else ''})",
-              flush=True)
+        print(
+            f"{task}: copy {root} ({mib(r['copy_bytes'])} MiB{f', written in {wrote:.0f} s' if wrote else ''})",
+            flush=True,
+        )
         if "load" in args.measure:
             for mode in [m for m in LOAD_MODES if m in args.load_modes]:
                 r[mode] = measure_load(task, root, args.out, mode)
@@ -305,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         if "rounds" in args.measure:
             for engine in args.engines:
                 r[engine] = round_seconds(task, engine, root, args.out, args.rounds)
-                print(f"  {engine}: {r[engine]['per_round']:.2f} s/round (round 1 {r[engine]['round1']:.1f} s)",
-                      flush=True)
+                print(
+                    f"  {engine}: {r[engine]['per_round']:.2f} s/round (round 1 {r[engine]['round1']:.1f} s)",
+                    flush=True,
+                )
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (args.out / f"results-{stamp}.json").write_text(json.dumps({"argv": sys.argv, "results": results}, indent=1))
     print_table(results, args.engines if "rounds" in args.measure else [])

@@ -6,7 +6,7 @@ in this process (torch using all cores) through ``client.app.train_on_partition`
 ``strategies.math``; the simulation runs ``flower-simulation`` with one Ray actor per core. Prints
 seconds per round (median over rounds 2..R; round 1 includes warm-up) and the ratio.
 
-    python benchmarks/sim_overhead.py --data ../shared/data/cifar10-jpeg.tar.gz --rounds 6
+    python -m benchmarks.sim_overhead --data /data/cifar10-jpeg.tar.gz --rounds 6
 """
 
 from __future__ import annotations
@@ -42,11 +42,19 @@ class PlainRun:
     client_seconds: list[float] = field(default_factory=list)  # its train-time
 
 
-def plain_loop(data: Path, cache: Path, rounds: int, model: str = "cnn", server_lr: float = 1.5,
-               client_lr: float = 0.01, threads: int | None = None, alpha: float = 0.0) -> PlainRun:
+def plain_loop(
+    data: Path,
+    cache: Path,
+    rounds: int,
+    model: str = "cnn",
+    server_lr: float = 1.5,
+    client_lr: float = 0.01,
+    threads: int | None = None,
+    alpha: float = 0.0,
+) -> PlainRun:
     """The same rounds without Flower: clients one after another in this process, FedAvg on the server."""
     torch.set_num_threads(threads or os.cpu_count() or 1)
-    torch.manual_seed(SEED)  # theta^0 exactly as server.run.build.initial_model makes it
+    torch.manual_seed(SEED)  # theta^0 exactly as server.run.strategy_factory.initial_model makes it
     from client.models import build_model
 
     state = build_model(model).state_dict()
@@ -54,9 +62,20 @@ def plain_loop(data: Path, cache: Path, rounds: int, model: str = "cnn", server_
     weights = [v.numpy().copy() for v in state.values()]
     schedule = CyclicSchedule(NUM_CLIENTS, FRACTION, SEED)
     cfg = {
-        "model": model, "dataset": "cifar10_folder", "data-root": str(data), "cache-dir": str(cache),
-        "num-partitions": NUM_CLIENTS, "alpha": alpha, "partition-seed": SEED, "seed": SEED, "batch-size": BATCH,
-        "local-epochs": 1, "local-steps": 0, "algorithm": "fedavgm", "client-lr": client_lr, "momentum": 0.0,
+        "model": model,
+        "dataset": "cifar10_folder",
+        "data-root": str(data),
+        "cache-dir": str(cache),
+        "num-partitions": NUM_CLIENTS,
+        "alpha": alpha,
+        "partition-seed": SEED,
+        "seed": SEED,
+        "batch-size": BATCH,
+        "local-epochs": 1,
+        "local-steps": 0,
+        "algorithm": "fedavgm",
+        "client-lr": client_lr,
+        "momentum": 0.0,
     }
     run = PlainRun([], weights)
     for rnd in range(1, rounds + 1):
@@ -78,11 +97,23 @@ def simulation(data: Path, cache: Path, rounds: int, out: Path) -> list[float]:
     """Seconds per round reported by flower-simulation's metrics.csv for the same work."""
     cpus = os.cpu_count() or 1
     cmd = [
-        str(Path(sys.executable).parent / "flower-simulation"), f"data.root={data}", f"data.cache_dir={cache}",
-        f"num_clients={NUM_CLIENTS}", f"num_rounds={rounds}", f"participation.fraction={FRACTION}",
-        f"client.batch_size={BATCH}", "client.local_epochs=1", "data.alpha=0.0", "strategy.server_lr=1.5",
-        "strategy.client_lr=0.01", "eval_every=100000", "eval_max_examples=10",
-        "checkpoint_every=100000", "backend.num_cpus=1", f"backend.init_num_cpus={cpus}", f"hydra.run.dir={out}",
+        str(Path(sys.executable).parent / "flower-simulation"),
+        f"data.root={data}",
+        f"data.cache_dir={cache}",
+        f"num_clients={NUM_CLIENTS}",
+        f"num_rounds={rounds}",
+        f"participation.fraction={FRACTION}",
+        f"client.batch_size={BATCH}",
+        "client.local_epochs=1",
+        "data.alpha=0.0",
+        "strategy.server_lr=1.5",
+        "strategy.client_lr=0.01",
+        "eval_every=100000",
+        "eval_max_examples=10",
+        "checkpoint_every=100000",
+        "backend.num_cpus=1",
+        f"backend.init_num_cpus={cpus}",
+        f"hydra.run.dir={out}",
     ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

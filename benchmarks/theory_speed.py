@@ -1,6 +1,6 @@
 """Speed of the theory package: full Table I (90 runs x 10^6 rounds) vs naive loops, and `flower-theory all`.
 
-Usage: python benchmarks/theory_speed.py [--naive-rounds N] [--full-naive] [--skip-all]
+Usage: python -m benchmarks.theory_speed [--naive-rounds N] [--full-naive] [--skip-all]
 
 Naive baselines (same run, same machine), each one configuration at a time:
   * "formula loop": the Corollary B.12 recurrence written inline with Python floats (no shared functions);

@@ -1,6 +1,6 @@
 """Per-round cost of reply validation on the CNN, against the round's own client work, measured in one run.
 
-    python benchmarks/validation_cost.py --clients 10 --examples 500 --threads 2
+    python -m benchmarks.validation_cost --clients 10 --examples 500 --threads 2
 
 One round of the seed-000 setting (C = 0.1 of 100 clients: 10 clients x 500 images x 1 epoch, B = 64): the
 client work is ``local_train`` of each client one after the other (generated 32x32 images, so no data is
@@ -18,10 +18,10 @@ import time
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from client.models import build_model
 from client.train import TrainConfig, local_train
+from server.internals.flower_grid import set_task_identity
 from strategies import FedAvgM
 from strategies.validation import check_reply
 
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="aggregations timed")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1  # Messages outside a Flower run
+    set_task_identity(task_id=1, run_id=1, node_id=1)  # Messages outside a Flower run
     logging.getLogger("flwr").setLevel(logging.WARNING)
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
@@ -62,9 +62,15 @@ def main() -> None:
     strategy = FedAvgM(server_lr=1.0, fraction_train=1.0, min_available_nodes=1, min_train_nodes=args.clients)
     arrays = ArrayRecord({k: Array(v) for k, v in initial.items()})
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
-    answers = [Message(RecordDict({"arrays": ArrayRecord({k: Array(v.numpy()) for k, v in out.items()}),
-                                   "metrics": MetricRecord(metrics)}), reply_to=m)
-               for m, (out, metrics) in zip(messages, replies)]
+    answers = [
+        Message(
+            RecordDict(
+                {"arrays": ArrayRecord({k: Array(v.numpy()) for k, v in out.items()}), "metrics": MetricRecord(metrics)}
+            ),
+            reply_to=m,
+        )
+        for m, (out, metrics) in zip(messages, replies)
+    ]
     spec, update = strategy.reply_spec(), strategy.client_update
     t0 = time.perf_counter()
     for _ in range(args.repeats):
@@ -81,10 +87,15 @@ def main() -> None:
         strategy.aggregate_train(1, answers)
     aggregate_seconds = (time.perf_counter() - t0) / args.repeats
     out = {
-        "clients": args.clients, "parameters": int(sum(v.size for v in initial.values())),
-        "client_work_s": client_seconds, "check_reply_all_s": validate_seconds, "decode_only_s": decode_seconds,
-        "validation_extra_s": validate_seconds - decode_seconds, "aggregate_train_s": aggregate_seconds,
-        "validation_extra_share_of_round_pct": 100 * (validate_seconds - decode_seconds)
+        "clients": args.clients,
+        "parameters": int(sum(v.size for v in initial.values())),
+        "client_work_s": client_seconds,
+        "check_reply_all_s": validate_seconds,
+        "decode_only_s": decode_seconds,
+        "validation_extra_s": validate_seconds - decode_seconds,
+        "aggregate_train_s": aggregate_seconds,
+        "validation_extra_share_of_round_pct": 100
+        * (validate_seconds - decode_seconds)
         / (client_seconds + aggregate_seconds),
     }
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}, indent=1))

@@ -26,9 +26,11 @@ from client.datasets import NATURAL_DATASETS, NaturalData, load_task
 from client.examples import Examples, ImageExamples
 from client.models import build_model
 from client.partition import dirichlet_partition
-from client.train import TrainConfig, TrainResult, _as_named, evaluate_examples, get_device, load_arrays, train_examples
+from client.train import TrainConfig, TrainResult, as_named, evaluate_examples, get_device, load_arrays, train_examples
 from strategies import client_state
 from strategies import protocol as P
+from strategies.client_step import algorithm as registered_algorithm
+from strategies.client_step import extra_name
 
 _DATASETS: dict[tuple, Dataset] = {}
 _PARTITIONS: dict[tuple, list[np.ndarray]] = {}
@@ -47,7 +49,7 @@ def get_dataset(cfg: Mapping[str, Any]) -> Dataset:
 
 
 def get_data(cfg: Mapping[str, Any]) -> Dataset | NaturalData:
-    """The CIFAR-10 arrays, or a seed 001 task's naturally partitioned arrays (``client.datasets``)."""
+    """The CIFAR-10 arrays, or a paper 2 task's naturally partitioned arrays (``client.datasets``)."""
     if cfg[C.DATASET] not in NATURAL_DATASETS:
         return get_dataset(cfg)
     key = (cfg[C.DATASET], str(cfg[C.DATA_ROOT]), str(cfg[C.CACHE_DIR]))
@@ -56,9 +58,10 @@ def get_data(cfg: Mapping[str, Any]) -> Dataset | NaturalData:
     return _DATASETS[key]
 
 
-def client_examples(cfg: Mapping[str, Any], ds: Dataset | NaturalData, partition_id: int, split: str,
-                    augment: bool = False) -> Examples:
-    """Client ``partition_id``'s examples of ``split``; a natural task has training clients only (seed 001
+def client_examples(
+    cfg: Mapping[str, Any], ds: Dataset | NaturalData, partition_id: int, split: str, augment: bool = False
+) -> Examples:
+    """Client ``partition_id``'s examples of ``split``; a natural task has training clients only (paper 2
     §8), so its "test" is the client's training data too."""
     if isinstance(ds, NaturalData):
         return ds.client(int(partition_id), augment)
@@ -132,17 +135,26 @@ def prepare_train(
     received = _to_named_arrays(arrays)
     load_arrays(model, received)
     train_cfg = C.train_config(cfg, partition_id)
-    job = TrainJob(cfg, ds, model, client_examples(cfg, ds, partition_id, "train", train_cfg.augment), train_cfg,
-                   {"correction": _to_named_arrays(correction) if correction is not None else None,
-                    "momentum_term": _to_named_arrays(momentum_term) if momentum_term is not None else None},
-                   initial=received)
+    job = TrainJob(
+        cfg,
+        ds,
+        model,
+        client_examples(cfg, ds, partition_id, "train", train_cfg.augment),
+        train_cfg,
+        {
+            "correction": _to_named_arrays(correction) if correction is not None else None,
+            "momentum_term": _to_named_arrays(momentum_term) if momentum_term is not None else None,
+        },
+        initial=received,
+    )
     algorithm = job.train_cfg.algorithm
-    if algorithm in P.STATEFUL_ALGORITHMS:
-        job.received = {k: np.asarray(v) for k, v in _as_named(model.state_dict(), received, "model arrays").items()}
+    if registered_algorithm(algorithm).stateful:
+        job.received = {k: np.asarray(v) for k, v in as_named(model.state_dict(), received, "model arrays").items()}
         job.store = client_state.ClientStateStore.from_config(cfg, partition_id, node_config)
-        state, job.state_metrics = client_state.round_input(job.store, algorithm, job.train_cfg.server_round,
-                                                            job.received)
-        job.extra["anchor" if algorithm == "fedhbm" else "momentum_term"] = state
+        state, job.state_metrics = client_state.round_input(
+            job.store, algorithm, job.train_cfg.server_round, job.received
+        )
+        job.extra[extra_name(job.train_cfg.family)] = state
     return job
 
 
@@ -180,8 +192,9 @@ def evaluate_on_partition(
     if split not in ("train", "test"):
         raise ValueError(f"{C.EVAL_SPLIT} must be 'train' or 'test', got {split!r}")
     load_arrays(model, _to_named_arrays(arrays))
-    loss, acc, n = evaluate_examples(model, client_examples(cfg, ds, partition_id, split),
-                                     int(cfg[C.EVAL_MAX_EXAMPLES]))
+    loss, acc, n = evaluate_examples(
+        model, client_examples(cfg, ds, partition_id, split), int(cfg[C.EVAL_MAX_EXAMPLES])
+    )
     return {P.NUM_EXAMPLES: int(n), "loss": float(loss), "accuracy": float(acc)}
 
 
@@ -199,22 +212,31 @@ def train_request(msg: Message, context: Context) -> dict[str, Any]:
     """The keyword arguments of :func:`train_on_partition` that a train message asks for on this node."""
     content = msg.content
     records = content.array_records
-    return {"config": dict(content[P.CONFIG]), "arrays": content[P.ARRAYS], "partition_id": _partition_id(context),
-            "correction": content[P.FEDCM_CORRECTION] if P.FEDCM_CORRECTION in records else None,
-            "momentum_term": content[P.GHBM_MOMENTUM] if P.GHBM_MOMENTUM in records else None,
-            "node_config": context.node_config}
+    return {
+        "config": dict(content[P.CONFIG]),
+        "arrays": content[P.ARRAYS],
+        "partition_id": _partition_id(context),
+        "correction": content[P.FEDCM_CORRECTION] if P.FEDCM_CORRECTION in records else None,
+        "momentum_term": content[P.GHBM_MOMENTUM] if P.GHBM_MOMENTUM in records else None,
+        "node_config": context.node_config,
+    }
 
 
-def train_reply(msg: Message, context: Context, arrays: Mapping[str, np.ndarray],
-                metrics: Mapping[str, int | float]) -> Message:
+def train_reply(
+    msg: Message, context: Context, arrays: Mapping[str, np.ndarray], metrics: Mapping[str, int | float]
+) -> Message:
     """The reply to a train message: "arrays" (local model or q) and "metrics"; every engine builds it here.
 
     The node remembers the message's data keys (``context.state``), so evaluate messages without them still work.
     """
     config = msg.content[P.CONFIG]
     context.state[STATE_KEY] = ConfigRecord({k: config[k] for k in C.DATA_KEYS if k in config})
-    reply = RecordDict({P.ARRAYS: ArrayRecord({k: torch.from_numpy(v) for k, v in arrays.items()}),
-                        P.METRICS: MetricRecord(dict(metrics))})
+    reply = RecordDict(
+        {
+            P.ARRAYS: ArrayRecord({k: torch.from_numpy(v) for k, v in arrays.items()}),
+            P.METRICS: MetricRecord(dict(metrics)),
+        }
+    )
     return Message(reply, reply_to=msg)
 
 

@@ -1,5 +1,5 @@
 """Batch preprocessing on tensors: uint8 NHWC -> normalised float NCHW, with the standard CIFAR augmentation
-(random 32x32 crop of the image zero-padded by 4, random horizontal flip; seed 000 §IV-B).
+(random 32x32 crop of the image zero-padded by 4, random horizontal flip; paper 1 §IV-B).
 
 The crop and the flip are one vectorised gather per batch, so they cost little on CPU and run on the GPU
 when the batch lives there. Random offsets come from a CPU ``torch.Generator``, so results are identical
@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 
-def to_tensor(images: np.ndarray, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
-              ) -> torch.Tensor:
+def to_tensor(images: np.ndarray, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> torch.Tensor:
     """(B, H, W, 3) uint8 array -> (B, 3, H, W) tensor in [0, 1] on ``device``, of ``dtype`` or torch's default
     dtype (float32; tests set float64 to check that two computations are the same algorithm; the convex
     objective of ``server.convex`` asks for float64)."""

@@ -1,4 +1,5 @@
-"""ConfigRecord keys the ClientApp reads besides those of ``strategies.protocol``, with their defaults.
+"""ConfigRecord keys the ClientApp reads besides those of ``strategies.protocol``, with their defaults (``batch-size``
+has none: every train message carries conf's ``client.batch_size``).
 
 Everything a client needs travels in the message's ConfigRecord "config", so clients stay stateless;
 ``context.node_config`` may override the machine-local paths (``data-root``, ``cache-dir``) and supplies
@@ -8,19 +9,21 @@ Everything a client needs travels in the message's ConfigRecord "config", so cli
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.partition import parse_alpha
 from client.tasks import NATURAL_DATASETS
-from client.train import TrainConfig
 from strategies import protocol as P
+
+if TYPE_CHECKING:  # client.train loads torch; the server's config checks read the keys here without it
+    from client.train import TrainConfig
 
 MODEL = "model"  # str: "cnn" | "resnet20" | "logreg"
 DATASET = "dataset"  # str: "cifar10" (torchvision) | "cifar10_folder" (folder or .tar.gz)
 DATA_ROOT = "data-root"  # str: dataset source; node_config["data-root"] overrides it
 CACHE_DIR = "cache-dir"  # str: decoded-array cache root ("" = $FEDMOMENTUM_CACHE or ~/.cache/fedmomentum)
 DOWNLOAD = "download"  # bool: let torchvision download CIFAR-10 into data-root
-NUM_PARTITIONS = "num-partitions"  # int: N clients of the Dirichlet split
+NUM_PARTITIONS = P.NUM_PARTITIONS  # int: N clients of the Dirichlet split (one key with the partition query)
 ALPHA = "alpha"  # float (inf allowed) or str "inf"/"iid": Dirichlet concentration
 PARTITION_SEED = "partition-seed"  # int
 BATCH_SIZE = "batch-size"  # int: B
@@ -38,9 +41,8 @@ DEFAULTS: dict[str, Any] = {
     DATA_ROOT: "",
     CACHE_DIR: "",
     DOWNLOAD: False,
-    ALPHA: 0.0,  # seed 000 §IV-B: "the most severe level of heterogeneity" (one class per client)
+    ALPHA: 0.0,  # paper 1 §IV-B: "the most severe level of heterogeneity" (one class per client)
     PARTITION_SEED: 0,
-    BATCH_SIZE: 64,  # Hsu et al. (2019)
     WEIGHT_DECAY: 0.0,
     SEED: 0,
     AUGMENT: True,
@@ -79,6 +81,10 @@ def train_config(cfg: Mapping[str, Any], partition_id: int) -> TrainConfig:
     deliver ``1`` for ``1.0``."""
     if P.ALGORITHM not in cfg or P.CLIENT_LR not in cfg:
         raise ValueError(f"train config needs {P.ALGORITHM!r} and {P.CLIENT_LR!r}")
+    if BATCH_SIZE not in cfg:  # no default: the server always sends conf's client.batch_size
+        raise ValueError(f"config key {BATCH_SIZE!r} is required")
+    from client.train import TrainConfig
+
     theta = cfg.get(P.THETA)
     return TrainConfig(
         algorithm=str(cfg[P.ALGORITHM]),

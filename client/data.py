@@ -1,6 +1,6 @@
 """CIFAR-10 loading with a decode-once, memory-mapped cache shared by every client process.
 
-Two sources (seed 000 §IV-B uses CIFAR-10):
+Two sources (paper 1 §IV-B uses CIFAR-10):
 
 - ``"cifar10"``: torchvision's ``CIFAR10`` (python pickles; downloaded into ``root`` when
   ``download=True`` and the machine is online);
@@ -86,7 +86,7 @@ def load_dataset(
     entry = cache_entry(name, source, cache_dir)
     if not (entry / "meta.json").exists():
         entry.mkdir(parents=True, exist_ok=True)
-        with _locked(entry / ".lock"):
+        with locked(entry / ".lock"):
             if not (entry / "meta.json").exists():  # another process may have finished meanwhile
                 arrays, classes = _decode_torchvision(root) if name == "cifar10" else _decode_folder(source)
                 _write_entry(entry, arrays, classes, str(source))
@@ -147,7 +147,7 @@ def _subdirs(path: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """Exclusive advisory lock (POSIX flock); a no-op where fcntl does not exist."""
     with open(path, "a") as handle:
         try:
@@ -174,8 +174,15 @@ def _write_entry(entry: Path, arrays: dict[str, np.ndarray], classes: list[str],
     for key, array in arrays.items():
         _atomic_save(entry / f"{key}.npy", array)
     mean, std = normalisation_stats(arrays["x_train"])
-    meta = {"version": CACHE_VERSION, "source": source, "classes": classes, "mean": mean, "std": std,
-            "num_train": len(arrays["y_train"]), "num_test": len(arrays["y_test"])}
+    meta = {
+        "version": CACHE_VERSION,
+        "source": source,
+        "classes": classes,
+        "mean": mean,
+        "std": std,
+        "num_train": len(arrays["y_train"]),
+        "num_test": len(arrays["y_test"]),
+    }
     tmp = entry / f".meta.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(meta, indent=1))
     os.replace(tmp, entry / "meta.json")
@@ -185,8 +192,9 @@ def _write_entry(entry: Path, arrays: dict[str, np.ndarray], classes: list[str],
 def _read_entry(entry: Path) -> Dataset:
     meta = json.loads((entry / "meta.json").read_text())
     arrays = {k: np.load(entry / f"{k}.npy", mmap_mode="r") for k in ("x_train", "y_train", "x_test", "y_test")}
-    return Dataset(**arrays, classes=tuple(meta["classes"]), mean=tuple(meta["mean"]), std=tuple(meta["std"]),
-                   cache_path=entry)
+    return Dataset(
+        **arrays, classes=tuple(meta["classes"]), mean=tuple(meta["mean"]), std=tuple(meta["std"]), cache_path=entry
+    )
 
 
 # --------------------------------------------------------------------------- torchvision source
@@ -209,8 +217,9 @@ def quiet_torchvision() -> Iterator[None]:
     decoding is deprecated in favour of TorchCodec (0.29+): we decode JPEGs once per machine with the pinned
     version, and users need not see it."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
-                                category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message="The image decoding and encoding capabilities of TorchVision", category=DeprecationWarning
+        )
         yield
 
 
@@ -219,10 +228,12 @@ def _decode_torchvision(root: Path) -> tuple[dict[str, np.ndarray], list[str]]:
         from torchvision.datasets import CIFAR10
 
     train, test = CIFAR10(str(root), train=True), CIFAR10(str(root), train=False)
-    arrays = {"x_train": np.ascontiguousarray(train.data, dtype=np.uint8),
-              "y_train": np.asarray(train.targets, dtype=np.int64),
-              "x_test": np.ascontiguousarray(test.data, dtype=np.uint8),
-              "y_test": np.asarray(test.targets, dtype=np.int64)}
+    arrays = {
+        "x_train": np.ascontiguousarray(train.data, dtype=np.uint8),
+        "y_train": np.asarray(train.targets, dtype=np.int64),
+        "x_test": np.ascontiguousarray(test.data, dtype=np.uint8),
+        "y_test": np.asarray(test.targets, dtype=np.int64),
+    }
     return arrays, list(train.classes)
 
 

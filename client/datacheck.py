@@ -54,8 +54,9 @@ class SourceSummary:
     from_cache: bool  # a complete decode-cache entry answered
 
 
-def check_source(name: str, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
-                 download: bool = False) -> SourceSummary | None:
+def check_source(
+    name: str, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None, download: bool = False
+) -> SourceSummary | None:
     """Check that ``load_dataset(name, root, cache_dir, download)`` will find a readable source.
 
     Returns its example counts, or None for torchvision's CIFAR-10 when it is missing but ``download`` is
@@ -113,8 +114,9 @@ def _check_torchvision(root: Path, cache_dir: str | os.PathLike | None, download
     if missing is not None:
         if download:
             return None
-        raise DataSourceError(f"no torchvision CIFAR-10 under {root} ({batches} lacks {missing}) and "
-                              "data.download is false")
+        raise DataSourceError(
+            f"no torchvision CIFAR-10 under {root} ({batches} lacks {missing}) and data.download is false"
+        )
     for file in CIFAR10_FILES:
         _readable(batches / file)
     meta = _cached_meta(cache_entry("cifar10", batches, cache_dir))
@@ -144,8 +146,12 @@ def _check_folder_source(root: str, entry: str) -> SourceSummary:
             counts[key[0]][key[1]] = counts[key[0]].get(key[1], 0) + 1
     if not counts["train"] or not counts["test"]:
         raise DataSourceError(f"{path} has no train/<class>/<image> and test/<class>/<image> files")
-    return SourceSummary(sum(counts["train"].values()), sum(counts["test"].values()),
-                         len(set(counts["train"]) | set(counts["test"])), False)
+    return SourceSummary(
+        sum(counts["train"].values()),
+        sum(counts["test"].values()),
+        len(set(counts["train"]) | set(counts["test"])),
+        False,
+    )
 
 
 def _cached_meta(entry: Path) -> SourceSummary | None:
@@ -264,5 +270,5 @@ def _pax_path(records: bytes) -> str | None:
     for line in records.decode("utf-8", "replace").splitlines():
         _, _, entry = line.partition(" ")
         if entry.startswith("path="):
-            return entry[len("path="):]
+            return entry[len("path=") :]
     return None

@@ -2,9 +2,9 @@
 
 ``client.train`` runs every algorithm on an :class:`Examples` object, so one loop serves every task:
 
-- :class:`ImageExamples` — uint8 NHWC images + int labels, cross-entropy, top-1 accuracy; CIFAR-10 (seed 000
-  §IV-B), FEMNIST and CIFAR-100 (seed 001 §8). ``augment`` picks the random crop + flip of ``client.augment``.
-- :class:`SequenceExamples` — token ids → one next token (Shakespeare, seed 001 §8 / App. C: 80 characters in,
+- :class:`ImageExamples` — uint8 NHWC images + int labels, cross-entropy, top-1 accuracy; CIFAR-10 (paper 1
+  §IV-B), FEMNIST and CIFAR-100 (paper 2 §8). ``augment`` picks the random crop + flip of ``client.augment``.
+- :class:`SequenceExamples` — token ids → one next token (Shakespeare, paper 2 §8 / App. C: 80 characters in,
   the next one out), cross-entropy, accuracy.
 - :class:`NextWordExamples` — (N, L+1) token ids, predict every next token (Stack Overflow NWP): cross-entropy
   over non-pad positions, accuracy without pad/oov/bos/eos (Reddi et al. 2021, App. C).
@@ -31,8 +31,9 @@ class Examples(Protocol):
 
     def __len__(self) -> int: ...
 
-    def batch(self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of rows ``idx``; ``generator`` is given only for augmented training batches."""
         ...
 
@@ -60,8 +61,15 @@ class ImageExamples(_ClassificationLoss):
     float copy is already cached (``client.stacked``) never reads them again.
     """
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, mean: Sequence[float], std: Sequence[float],
-                 augment: bool = True, rows: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        mean: Sequence[float],
+        std: Sequence[float],
+        augment: bool = True,
+        rows: np.ndarray | None = None,
+    ) -> None:
         self._x, self._rows = x, rows
         self.y, self.mean, self.std, self.augment = y, mean, std, augment
 
@@ -75,8 +83,9 @@ class ImageExamples(_ClassificationLoss):
     def __len__(self) -> int:
         return len(self.y)
 
-    def batch(self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = prepare_batch(self.x[idx], self.mean, self.std, device, generator if self.augment else None)
         return inputs, torch.from_numpy(np.asarray(self.y[idx], dtype=np.int64)).to(device)
 
@@ -90,10 +99,13 @@ class SequenceExamples(_ClassificationLoss):
     def __len__(self) -> int:
         return len(self.y)
 
-    def batch(self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.from_numpy(np.asarray(self.x[idx], dtype=np.int64)).to(device),
-                torch.from_numpy(np.asarray(self.y[idx], dtype=np.int64)).to(device))
+    def batch(
+        self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            torch.from_numpy(np.asarray(self.x[idx], dtype=np.int64)).to(device),
+            torch.from_numpy(np.asarray(self.y[idx], dtype=np.int64)).to(device),
+        )
 
 
 class NextWordExamples:
@@ -106,8 +118,9 @@ class NextWordExamples:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def batch(self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.from_numpy(np.asarray(self.ids[idx], dtype=np.int64)).to(device)
         return ids[:, :-1], ids[:, 1:]
 
@@ -127,8 +140,15 @@ class BagOfWordsExamples:
     """Ragged word ids and tag ids (CSR: ``*_ptr`` offsets into flat ``*_ids``, rows of this client only):
     input = bag of words / number of words (Reddi et al. 2021, App. C.5), target = multi-hot tags."""
 
-    def __init__(self, word_ptr: np.ndarray, word_ids: np.ndarray, tag_ptr: np.ndarray, tag_ids: np.ndarray,
-                 vocab_size: int, num_tags: int) -> None:
+    def __init__(
+        self,
+        word_ptr: np.ndarray,
+        word_ids: np.ndarray,
+        tag_ptr: np.ndarray,
+        tag_ids: np.ndarray,
+        vocab_size: int,
+        num_tags: int,
+    ) -> None:
         self.word_ptr, self.word_ids, self.tag_ptr, self.tag_ids = word_ptr, word_ids, tag_ptr, tag_ids
         self.vocab_size, self.num_tags = int(vocab_size), int(num_tags)
 
@@ -138,14 +158,15 @@ class BagOfWordsExamples:
     def _dense(self, ptr: np.ndarray, ids: np.ndarray, idx: np.ndarray, width: int, mean: bool) -> torch.Tensor:
         out = np.zeros((len(idx), width), dtype=np.float32)
         for row, i in enumerate(idx):
-            values = np.asarray(ids[ptr[i] - ptr[0]: ptr[i + 1] - ptr[0]])
+            values = np.asarray(ids[ptr[i] - ptr[0] : ptr[i + 1] - ptr[0]])
             np.add.at(out[row], values, 1.0)
             if mean and len(values):
                 out[row] /= len(values)
         return torch.from_numpy(out)
 
-    def batch(self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, idx: np.ndarray, device: torch.device, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._dense(self.word_ptr, self.word_ids, idx, self.vocab_size, mean=True)
         y = self._dense(self.tag_ptr, self.tag_ids, idx, self.num_tags, mean=False).clamp_(max=1.0)
         return x.to(device), y.to(device)

@@ -4,7 +4,7 @@ For ``softmax(W x + b)`` and the mean cross-entropy over a client's real rows (m
 with respect to the logits is G = (softmax(z) − onehot(y)) · m / n, so ∇W = Gᵀ X and ∇b = Σ_rows G: two batched
 matrix products per step for all clients of a chunk, where ``vmap(grad(...))`` of :mod:`client.stacked` traces
 autograd every step (measured in docs/benchmarks.md). Everything else (batches, masks, update rules, loss-before
-on the same examples) is :class:`client.stacked._Chunk`'s; tests/client/test_stacked.py checks both against the
+on the same examples) is :class:`client.chunk.Chunk`'s; tests/client/test_stacked.py checks both against the
 one-client loop.
 """
 
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from client.chunk import Chunk
 from client.models import LogisticRegression
-from client.stacked import _Chunk
 from client.train import loss_before_indices
 
 WEIGHT, BIAS = "linear.weight", "linear.bias"
@@ -42,12 +42,13 @@ def logit_gradient(log_p: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, d
     return g.mul_(weight.unsqueeze(dim))
 
 
-class LinearChunk(_Chunk):
+class LinearChunk(Chunk):
     """A chunk of logistic-regression clients: closed-form gradients and one matrix product per client for
     loss-before."""
 
-    def _grads(self, params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tensor, masks: torch.Tensor
-               ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def _grads(
+        self, params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tensor, masks: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         with torch.no_grad():
             x = xs.flatten(2)
             z = logits(params[WEIGHT], params[BIAS], x)  # (A, C, B)
@@ -65,8 +66,11 @@ class LinearChunk(_Chunk):
                 idx = loss_before_indices(len(c.y), self.cfg.batch_size, steps, self.cfg.loss_before_batches, gen)
                 rows = np.arange(len(c.y)) if idx is None else idx
                 x = self.plain[i] if idx is None else self.batch(i, idx, augment=False)
-                target = self.y[i] if idx is None else torch.index_select(self.y[i], 0, torch.from_numpy(rows).to(
-                    self.device))
+                target = (
+                    self.y[i]
+                    if idx is None
+                    else torch.index_select(self.y[i], 0, torch.from_numpy(rows).to(self.device))
+                )
                 z = F.linear(x.flatten(1), self.params[WEIGHT][i], self.params[BIAS][i])
                 out.append(float(F.cross_entropy(z, target, reduction="sum")) / len(rows))
         return out

@@ -1,4 +1,4 @@
-"""Models of seed 000 §IV-B: the LeNet-5-like CNN of Hsu et al. (2019) and ResNet-20 (He et al., 2016,
+"""Models of paper 1 §IV-B: the LeNet-5-like CNN of Hsu et al. (2019) and ResNet-20 (He et al., 2016,
 CIFAR variant, following Idelbayev's ``resnet.py``) with GroupNorm (Wu & He, 2018) instead of BatchNorm; and
 multinomial logistic regression on the normalised pixels, a convex objective with an exact optimum.
 
@@ -123,7 +123,7 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
         return LogisticRegression(num_classes)
     if name == "resnet20":
         return resnet20(num_classes)
-    if name in TASK_MODELS:  # seed 001's task models (client/task_models.py)
+    if name in TASK_MODELS:  # paper 2's task models (client/task_models.py)
         return build_task_model(name, num_classes)
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS + TASK_MODELS}")
 

@@ -1,5 +1,5 @@
 """Label-skewed partition of a dataset over clients (Hsu, Qi & Brown 2019, "Measuring the effects of
-non-identical data distribution for federated visual classification", §3; used by seed 000 §IV-B).
+non-identical data distribution for federated visual classification", §3; used by paper 1 §IV-B).
 
 Every client receives the same number of examples (50,000 / 100 = 500 for CIFAR-10). Client i draws a class
 prior q_i ~ Dir(alpha * p), p the class frequencies of the whole set, and fills its quota by sampling
@@ -107,7 +107,11 @@ def label_histograms(labels: np.ndarray, parts: Sequence[np.ndarray], num_classe
 
 
 def save_histograms(
-    run_dir: str | Path, hist: np.ndarray, classes: Sequence[str], title: str = "", stem: str = "partition",
+    run_dir: str | Path,
+    hist: np.ndarray,
+    classes: Sequence[str],
+    title: str = "",
+    stem: str = "partition",
     plot: bool = True,
 ) -> dict[str, Path]:
     """Write ``<stem>.csv`` (client, one column per class, total), ``<stem>.json`` and (``plot``) ``<stem>.png``."""
@@ -119,8 +123,9 @@ def save_histograms(
         writer.writerow(["client", *classes, "total"])
         for i, row in enumerate(hist):
             writer.writerow([i, *(int(v) for v in row), int(row.sum())])
-    paths["json"].write_text(json.dumps({"classes": list(classes), "title": title,
-                                         "counts": [[int(v) for v in row] for row in hist]}))
+    paths["json"].write_text(
+        json.dumps({"classes": list(classes), "title": title, "counts": [[int(v) for v in row] for row in hist]})
+    )
     if not plot:
         return {ext: path for ext, path in paths.items() if ext != "png"}
     plot_histograms(hist, classes, paths["png"], title)

@@ -1,4 +1,4 @@
-"""Models of seed 001's tasks (§8; App. C, which follows Reddi et al. 2021, App. C / Table 5-8).
+"""Models of paper 2's tasks (§8; App. C, which follows Reddi et al. 2021, App. C / Table 5-8).
 
 Parameter counts (PyTorch; an LSTM has two bias vectors per gate where Keras has one) are asserted in
 tests/client/test_natural_models.py.
@@ -16,7 +16,7 @@ GN_GROUPS = 2  # Hsieh et al. (2020) / Reddi et al. (2021): GroupNorm with 2 gro
 
 
 class FemnistCNN(nn.Module):
-    """The CNN of McMahan et al. (2017) (seed 001 §8): conv5x5(1->32, same) ReLU maxpool2, conv5x5(32->64,
+    """The CNN of McMahan et al. (2017) (paper 2 §8): conv5x5(1->32, same) ReLU maxpool2, conv5x5(32->64,
     same) ReLU maxpool2, FC 3136->512 ReLU, FC 512->62. 1,690,046 parameters at 62 classes."""
 
     def __init__(self, num_classes: int = 62) -> None:
@@ -33,7 +33,7 @@ class FemnistCNN(nn.Module):
 
 
 def resnet18_gn(num_classes: int = 100) -> nn.Module:
-    """ResNet-18 (He et al. 2016, torchvision's layout) with GroupNorm(2) for BatchNorm (seed 001 §8, Reddi
+    """ResNet-18 (He et al. 2016, torchvision's layout) with GroupNorm(2) for BatchNorm (paper 2 §8, Reddi
     et al. 2021 App. C.2). 11,227,812 parameters at 100 classes; no buffers."""
     from torchvision.models import resnet18
 
@@ -41,7 +41,7 @@ def resnet18_gn(num_classes: int = 100) -> nn.Module:
 
 
 class CharLSTM(nn.Module):
-    """Shakespeare next-character model (seed 001 §8: 2 LSTM layers; Reddi et al. 2021 App. C.3 sizes):
+    """Shakespeare next-character model (paper 2 §8: 2 LSTM layers; Reddi et al. 2021 App. C.3 sizes):
     embedding 8, two LSTM layers of 256 units, dense to the vocabulary, read at the last position.
     820,185 parameters at 81 characters."""
 
@@ -57,7 +57,7 @@ class CharLSTM(nn.Module):
 
 
 class OneVsAllLogReg(nn.Module):
-    """Stack Overflow tag prediction (seed 001 §8, convex): one logistic regression per tag on the normalised
+    """Stack Overflow tag prediction (paper 2 §8, convex): one logistic regression per tag on the normalised
     bag of words, 10,000 words -> 500 tags. 5,000,500 parameters. Loss: mean binary cross-entropy over tags
     (``client.examples.BagOfWordsExamples``)."""
 
@@ -70,7 +70,7 @@ class OneVsAllLogReg(nn.Module):
 
 
 class WordLSTM(nn.Module):
-    """Stack Overflow next-word model (seed 001 §8: 1 LSTM layer; Reddi et al. 2021 App. C.5 sizes): embedding
+    """Stack Overflow next-word model (paper 2 §8: 1 LSTM layer; Reddi et al. 2021 App. C.5 sizes): embedding
     96 over 10,004 ids, LSTM 670, dense 96, dense 10,004, at every position. 4,053,428 parameters (Keras:
     4,050,748, one LSTM bias)."""
 

@@ -1,4 +1,4 @@
-"""How many intra-op threads a ClientApp's torch uses (issue 16, item 7: every engine at the compute floor).
+"""How many intra-op threads a ClientApp's torch uses.
 
 Torch starts with one intra-op thread per core. Ray gives each simulation actor one (``OMP_NUM_THREADS``), but
 a deployment's ClientApp processes get torch's default: k SuperNodes on one host then run k x cores busy threads
@@ -73,6 +73,12 @@ def apply(config: Mapping[str, Any], node_config: Mapping[str, Any] | None = Non
     if NODE_KEY in (node_config or {}):
         from flwr.common.logger import log
 
-        log(INFO, "ClientApp torch threads: %d (%s; node default %s, %d cores)", used, source,
-            (node_config or {})[NODE_KEY], usable_cores())
+        log(
+            INFO,
+            "ClientApp torch threads: %d (%s; node default %s, %d cores)",
+            used,
+            source,
+            (node_config or {})[NODE_KEY],
+            usable_cores(),
+        )
     return used

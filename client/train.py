@@ -1,15 +1,15 @@
 """Local training of one client: the framework loop around the shared update rules of ``strategies.math``.
 
-- ``fedavgm``: J mini-batch SGD steps ``sgd_step`` (seed 000 Eq. 91); returns the local model.
+- ``fedavgm``: J mini-batch SGD steps ``sgd_step`` (paper 1 Eq. 91); returns the local model.
 - ``fedcm``: J steps ``fedcm_local_step`` with the server's correction beta (theta^{t-1} - theta^{t-2}) / eta_t
-  (seed 000 Eq. 101); zero correction in round 1; returns the local model.
+  (paper 1 Eq. 101); zero correction in round 1; returns the local model.
 - ``ghbm`` / ``localghbm``: J steps ``ghbm_local_step`` theta - eta_l g - (beta / J) m with the round's momentum m
   (GHBM: sent by the server; LocalGHBM: formed from the client's state by ``client.app``); returns the local model.
 - ``fedhbm``: J steps ``ghbm_local_step`` with m = ``fedhbm_momentum``(a_i, theta_k, C) = C (a_i - theta_k), a_i the
   client's final local model of its previous participation (none: zero momentum); returns the local model.
 - ``localupdate``: K SGD steps with lr gamma (K = len(Theta) for a list; for a preset "fedavg"/"fomaml",
   K = J from local_steps or epochs), accumulating q = sum_k Theta_k g_k
-  (``localupdate_accumulate``; seed 001 Algorithm 2); returns q (same keys/shapes as the model).
+  (``localupdate_accumulate``; paper 2 Algorithm 2); returns q (same keys/shapes as the model).
   gamma = 0 is valid: the model never moves and q = sum_k Theta_k g_k(x).
 
 Conventions (documented once here):
@@ -21,7 +21,7 @@ Conventions (documented once here):
 - "loss-before": mean cross-entropy of the received model, without augmentation, on (``loss_before_batches``)
   0 (default): the examples this round trains on (the union of its J batches: all n examples once the round
   covers an epoch, J * B < n of them otherwise), so its cost is one forward pass per example trained on and
-  it is an unbiased estimate of the client's loss f_i(x) (seed 001 Section 9 calls the mean over the sampled
+  it is an unbiased estimate of the client's loss f_i(x) (paper 2 Section 9 calls the mean over the sampled
   clients a "stochastic estimate of the true loss"); k > 0: k * B evenly spaced examples; -1: all n.
 - "train-loss": mean of the batch losses seen during the local steps (augmented data, pre-step weights).
 - Randomness (batch order, augmentation) comes from one CPU torch.Generator seeded by (seed, round,
@@ -37,7 +37,7 @@ import math
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -48,16 +48,10 @@ from torch import nn
 from client.environment import DEVICE_ENV, tf32_allowed
 from client.examples import Examples, ImageExamples
 from strategies import protocol as P
-from strategies.math import (
-    fedcm_local_step,
-    fedhbm_momentum,
-    ghbm_local_step,
-    localupdate_accumulate,
-    sgd_step,
-    theta_weights,
-)
+from strategies.client_step import algorithm as registered_algorithm
+from strategies.client_step import extra_name, local_step
+from strategies.math import localupdate_accumulate, theta_weights
 
-GHBM_FAMILY = ("ghbm", "localghbm", "fedhbm")
 NONFINITE = P.NONFINITE  # int metric: 1 when a loss or a returned array was NaN/inf
 TRAIN_TIME = "train-time"  # float metric: seconds spent in local_train (data prep + steps)
 EVAL_BATCH = 1000
@@ -73,7 +67,7 @@ class TrainConfig:
     momentum: float = 0.0
     local_epochs: int = 1
     local_steps: int = 0
-    batch_size: int = 50
+    batch_size: int = field(kw_only=True)  # B: no default here (conf/client/*.yaml holds it)
     weight_decay: float = 0.0
     theta: Sequence[float] | str | None = None
     augment: bool = True
@@ -83,16 +77,20 @@ class TrainConfig:
     partition_id: int = 0
     participation: float = 1.0  # C of FedHBM's momentum C (a_i - theta_k)
 
+    @property
+    def family(self) -> str:
+        """The local-step family of the algorithm (:mod:`strategies.client_step`)."""
+        return registered_algorithm(self.algorithm).family
+
     def __post_init__(self) -> None:
-        if self.algorithm not in P.ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {P.ALGORITHMS}, got {self.algorithm!r}")
+        registered_algorithm(self.algorithm)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.loss_before_batches < LOSS_BEFORE_ALL:
             raise ValueError(f"loss_before_batches must be >= {LOSS_BEFORE_ALL}, got {self.loss_before_batches}")
-        if self.algorithm == "localupdate" and self.theta is None:
+        if self.family == "localupdate" and self.theta is None:
             raise ValueError("localupdate needs theta (its length is the number of local steps K)")
-        needs_j = self.algorithm != "localupdate" or isinstance(self.theta, str)  # K from J, not len(theta)
+        needs_j = self.family != "localupdate" or isinstance(self.theta, str)  # K from J, not len(theta)
         if needs_j and self.local_steps <= 0 and self.local_epochs < 1:
             raise ValueError("need local_steps > 0 or local_epochs >= 1")
 
@@ -125,13 +123,14 @@ def cuda_precision() -> bool:
 
 
 @lru_cache(maxsize=8)
-def _announce_accelerator(device: torch.device) -> None:
-    """Once per process and device, say that training runs on a GPU (benchmarks/gpu_check.py counts these) and set
+def announce_accelerator(device: torch.device) -> None:
+    """Once per process and device, say that training runs on a GPU (checks/gpu_check.py counts these) and set
     its float32 precision (:func:`cuda_precision`)."""
     if device.type == "cuda":
         cuda_precision()
-        logging.getLogger("flwr").info("pid %d trains on %s (%s)", os.getpid(), device,
-                                       torch.cuda.get_device_name(device))
+        logging.getLogger("flwr").info(
+            "pid %d trains on %s (%s)", os.getpid(), device, torch.cuda.get_device_name(device)
+        )
 
 
 def round_generator(seed: int, server_round: int, partition_id: int) -> torch.Generator:
@@ -163,12 +162,16 @@ def batch_indices(
 def load_arrays(model: nn.Module, arrays: Mapping[str, Any] | Sequence[Any]) -> None:
     """Copy arrays into the model: a mapping keyed by state_dict names, or a list in state_dict order."""
     state = model.state_dict()
-    values = _as_named(state, arrays, "model arrays")
-    model.load_state_dict({k: torch.as_tensor(np.asarray(v) if not torch.is_tensor(v) else v).to(state[k].dtype)
-                           for k, v in values.items()})
+    values = as_named(state, arrays, "model arrays")
+    model.load_state_dict(
+        {
+            k: torch.as_tensor(np.asarray(v) if not torch.is_tensor(v) else v).to(state[k].dtype)
+            for k, v in values.items()
+        }
+    )
 
 
-def _as_named(state: Mapping[str, torch.Tensor], arrays: Mapping[str, Any] | Sequence[Any], what: str) -> dict:
+def as_named(state: Mapping[str, torch.Tensor], arrays: Mapping[str, Any] | Sequence[Any], what: str) -> dict:
     """Key ``arrays`` by the state_dict names (accepting "0", "1", ... keys or a plain list) and check shapes."""
     if isinstance(arrays, Mapping):
         if set(arrays) == set(state):
@@ -190,8 +193,13 @@ def _as_named(state: Mapping[str, torch.Tensor], arrays: Mapping[str, Any] | Seq
 # --------------------------------------------------------------------------- evaluation
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, mean: Sequence[float], std: Sequence[float],
-    max_examples: int = 0, device: torch.device | None = None,
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    mean: Sequence[float],
+    std: Sequence[float],
+    max_examples: int = 0,
+    device: torch.device | None = None,
 ) -> tuple[float, float, int]:
     """(mean loss, accuracy, n) of the model on uint8 images without augmentation.
 
@@ -202,7 +210,10 @@ def evaluate(
 
 @torch.no_grad()
 def evaluate_examples(
-    model: nn.Module, examples: Examples, max_examples: int = 0, device: torch.device | None = None,
+    model: nn.Module,
+    examples: Examples,
+    max_examples: int = 0,
+    device: torch.device | None = None,
     indices: np.ndarray | None = None,
 ) -> tuple[float, float, int]:
     """(mean loss, accuracy, n) of the model on ``examples`` (rows ``indices``, or all), without augmentation.
@@ -248,30 +259,35 @@ def loss_before_indices(
     return np.sort(torch.randperm(num_examples, generator=peek).numpy()[: num_steps * batch_size])
 
 
-def _loss_before(model: nn.Module, examples: Examples, cfg: TrainConfig, num_steps: int,
-                 generator: torch.Generator, device: torch.device) -> float:
+def _loss_before(
+    model: nn.Module,
+    examples: Examples,
+    cfg: TrainConfig,
+    num_steps: int,
+    generator: torch.Generator,
+    device: torch.device,
+) -> float:
     idx = loss_before_indices(len(examples), cfg.batch_size, num_steps, cfg.loss_before_batches, generator)
     return evaluate_examples(model, examples, device=device, indices=idx)[0]
 
 
 # --------------------------------------------------------------------------- local training
 def _per_param(
-    model: nn.Module, names: list[str], params: list[torch.Tensor], arrays: Mapping[str, Any] | Sequence[Any] | None,
-    what: str, device: torch.device,
+    model: nn.Module,
+    names: list[str],
+    params: list[torch.Tensor],
+    arrays: Mapping[str, Any] | Sequence[Any] | None,
+    what: str,
+    device: torch.device,
 ) -> list[torch.Tensor] | None:
     """One tensor per trainable parameter (in ``params`` order, on ``device``) from arrays keyed like the model."""
     if arrays is None:
         return None
-    named = _as_named(model.state_dict(), arrays, what)
-    return [torch.as_tensor(np.asarray(named[k]) if not torch.is_tensor(named[k]) else named[k]).to(device, p.dtype)
-            for k, p in zip(names, params)]
-
-
-def _ghbm_term(cfg: TrainConfig, param: torch.Tensor, extra: list[torch.Tensor] | None, i: int) -> Any:
-    """m of this step: GHBM's / LocalGHBM's fixed m, FedHBM's C (a_i - theta_k), or 0 without momentum."""
-    if extra is None:
-        return 0.0
-    return fedhbm_momentum(extra[i], param, cfg.participation) if cfg.algorithm == "fedhbm" else extra[i]
+    named = as_named(model.state_dict(), arrays, what)
+    return [
+        torch.as_tensor(np.asarray(named[k]) if not torch.is_tensor(named[k]) else named[k]).to(device, p.dtype)
+        for k, p in zip(names, params)
+    ]
 
 
 def local_train(
@@ -291,8 +307,9 @@ def local_train(
     ``correction`` is FedCM's server term per parameter (None = zero); ``momentum_term`` GHBM's / LocalGHBM's m
     and ``anchor`` FedHBM's a_i (None = zero momentum). The model is trained in place.
     """
-    return train_examples(model, ImageExamples(x, y, mean, std, cfg.augment), cfg, correction, device,
-                          momentum_term, anchor)
+    return train_examples(
+        model, ImageExamples(x, y, mean, std, cfg.augment), cfg, correction, device, momentum_term, anchor
+    )
 
 
 def train_examples(
@@ -308,13 +325,14 @@ def train_examples(
     start_time = time.perf_counter()
     device = device or get_device()
     model.to(device)
-    _announce_accelerator(next(model.parameters()).device)
+    announce_accelerator(next(model.parameters()).device)
     n = len(examples)
     generator = round_generator(cfg.seed, cfg.server_round, cfg.partition_id)
 
     names = [k for k, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.algorithm == "localupdate":
+    family = cfg.family
+    if family == "localupdate":
         # a list fixes K = len(theta); a preset ("fedavg", "fomaml") takes K = J of local_steps / epochs
         weights = theta_weights(cfg.theta, num_local_steps(n, cfg.batch_size, cfg.local_epochs, cfg.local_steps))
         num_steps = len(weights)
@@ -322,10 +340,8 @@ def train_examples(
     else:
         num_steps = num_local_steps(n, cfg.batch_size, cfg.local_epochs, cfg.local_steps)
     loss_before = _loss_before(model, examples, cfg, num_steps, generator, device)
-    corr = _per_param(model, names, params, correction if cfg.algorithm == "fedcm" else None, "fedcm correction",
-                      device)
-    extra = _per_param(model, names, params, (anchor if cfg.algorithm == "fedhbm" else momentum_term)
-                       if cfg.algorithm in GHBM_FAMILY else None, f"{cfg.algorithm} momentum", device)
+    received = {"correction": correction, "momentum_term": momentum_term, "anchor": anchor}.get(extra_name(family))
+    extra = _per_param(model, names, params, received, f"{cfg.algorithm} {extra_name(family)}", device)
 
     model.train()
     losses: list[torch.Tensor] = []
@@ -344,19 +360,15 @@ def train_examples(
             for i, (p, g) in enumerate(zip(params, grads)):
                 if cfg.weight_decay:
                     g = g + cfg.weight_decay * p
-                if cfg.algorithm == "fedcm":
-                    c = corr[i] if corr is not None else 0.0
-                    p.copy_(fedcm_local_step(p, g, cfg.client_lr, cfg.momentum, c, num_steps))
-                elif cfg.algorithm in GHBM_FAMILY:
-                    p.copy_(ghbm_local_step(p, g, cfg.client_lr, cfg.momentum, _ghbm_term(cfg, p, extra, i), num_steps))
-                else:
-                    if cfg.algorithm == "localupdate":
-                        q[i] = localupdate_accumulate(q[i], g, float(weights[k]))
-                    if cfg.client_lr:
-                        p.copy_(sgd_step(p, g, cfg.client_lr))
+                if family == "localupdate":
+                    q[i] = localupdate_accumulate(q[i], g, float(weights[k]))
+                term = None if extra is None else extra[i]
+                new = local_step(family, p, g, cfg.client_lr, cfg.momentum, term, num_steps, cfg.participation)
+                if new is not p:
+                    p.copy_(new)
         steps_done += 1
 
-    if cfg.algorithm == "localupdate":
+    if family == "localupdate":
         by_name = dict(zip(names, q))
         out = {k: by_name[k] if k in by_name else torch.zeros_like(v) for k, v in model.state_dict().items()}
     else:

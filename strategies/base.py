@@ -18,8 +18,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from server.internals.flower_strategy import sample_nodes
 from strategies import math as fm
 from strategies import protocol, schedules, validation
 from strategies.client_manager import PartitionClientManager
@@ -89,8 +89,9 @@ class ServerOptStrategy(FedAvg):
 
     def current_server_lr(self, server_round: int) -> float:
         """eta_t of round t from the base server lr and the schedule."""
-        return float(schedules.scheduled_lr(self.base_server_lr(), self.server_lr_schedule, self.schedule_param,
-                                            server_round))
+        return float(
+            schedules.scheduled_lr(self.base_server_lr(), self.server_lr_schedule, self.schedule_param, server_round)
+        )
 
     def base_server_lr(self) -> float:
         """Server lr before the schedule (LocalUpdateDecay overrides it)."""
@@ -172,7 +173,7 @@ class ServerOptStrategy(FedAvg):
                 **self._extra_records(server_round),
             }
         )
-        self.round_info = {"num-selected": len(node_ids)}
+        self.round_info = {protocol.NUM_SELECTED: len(node_ids)}
         self.round_nodes = set(node_ids)
         log(INFO, "configure_train: round %d, %d nodes", server_round, len(node_ids))
         return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in node_ids]
@@ -189,9 +190,14 @@ class ServerOptStrategy(FedAvg):
 
     def reply_spec(self) -> validation.ReplySpec:
         """What a valid train reply holds this round (keys, shapes, dtypes of the model; metrics; caps)."""
-        return validation.ReplySpec.like(self.keys, self.model, weighted_by_key=self.weighted_by_key,
-                                         required_metrics=self.required_metrics,
-                                         max_num_examples=self.max_num_examples, max_update_norm=self.max_update_norm)
+        return validation.ReplySpec.like(
+            self.keys,
+            self.model,
+            weighted_by_key=self.weighted_by_key,
+            required_metrics=self.required_metrics,
+            max_num_examples=self.max_num_examples,
+            max_update_norm=self.max_update_norm,
+        )
 
     def _partition_of(self, node_id: int) -> int | None:
         return None if self.client_manager is None else self.client_manager.node_to_partition.get(node_id)
@@ -209,8 +215,14 @@ class ServerOptStrategy(FedAvg):
                     raise validation.RejectedReply("reply from a node that was not asked this round")
                 checked = validation.check_reply(msg.content, spec, self.client_update)
             except validation.RejectedReply as err:
-                log(WARNING, "Round %d: rejected the reply of node %s (partition %s): %s", server_round, node,
-                    partition, err)
+                log(
+                    WARNING,
+                    "Round %d: rejected the reply of node %s (partition %s): %s",
+                    server_round,
+                    node,
+                    partition,
+                    err,
+                )
                 continue
             accepted.append((-1 if partition is None else partition, checked))
         accepted.sort(key=lambda item: item[0])  # stable: without a client manager, arrival order
@@ -234,20 +246,22 @@ class ServerOptStrategy(FedAvg):
             weights = [c.weight for c in accepted]
             metrics = MetricRecord(validation.aggregate_metrics([c.metrics for c in accepted], weights))
             pseudo_gradient = self._server_update(server_round, [c.arrays for c in accepted], weights)
-            metrics["update-norm"] = fm.l2_norm(pseudo_gradient)
-            metrics["client-update-norm"] = sum(c.update_norm * w for c, w in zip(accepted, weights)) / sum(weights)
+            metrics[protocol.UPDATE_NORM] = fm.l2_norm(pseudo_gradient)
+            metrics[protocol.CLIENT_UPDATE_NORM] = sum(c.update_norm * w for c, w in zip(accepted, weights)) / sum(
+                weights
+            )
             self._after_update(server_round, metrics)
         else:
             log(WARNING, "Round %d: no valid reply; the model and the strategy state stay unchanged", server_round)
         self.last_round = server_round
-        metrics["num-replies"] = len(accepted)
-        metrics["num-rejected"] = len(received) - len(accepted)
-        metrics["num-failures"] = len(failed) + int(self.round_info.get("num-selected", 0)) - len(replies)
+        metrics[protocol.NUM_REPLIES] = len(accepted)
+        metrics[protocol.NUM_REJECTED] = len(received) - len(accepted)
+        metrics[protocol.NUM_FAILURES] = len(failed) + int(self.round_info.get(protocol.NUM_SELECTED, 0)) - len(replies)
         if self.client_manager is not None:
             metrics.update(self.client_manager.round_counts(server_round))
-        metrics["server-lr"] = server_lr
+        metrics[protocol.SERVER_LR] = server_lr
         if client_lr is not None:
-            metrics["client-lr"] = client_lr
+            metrics[protocol.CLIENT_LR] = client_lr
         return (self.model_record() if accepted else None), metrics
 
     def _after_update(self, server_round: int, metrics: MetricRecord) -> None:

@@ -33,8 +33,9 @@ def key_fingerprint(key: bytes | str) -> str:
     data = key.encode() if isinstance(key, str) else bytes(key)
     try:
         if data.lstrip().startswith(b"-----BEGIN"):
-            line = serialization.load_pem_public_key(data).public_bytes(serialization.Encoding.OpenSSH,
-                                                                        serialization.PublicFormat.OpenSSH)
+            line = serialization.load_pem_public_key(data).public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+            )
         else:
             line = b" ".join(data.split()[:2])
             serialization.load_ssh_public_key(line)
@@ -74,8 +75,9 @@ class ClaimRules:
             raise RefusedClaim(f"partition {value} is outside [0, {self.num_partitions})")
         claimed_n = record.get(protocol.NUM_PARTITIONS)
         if claimed_n is not None and (isinstance(claimed_n, bool) or claimed_n != self.num_partitions):
-            raise RefusedClaim(f"it claims partition {value} of num-partitions={claimed_n!r}, the run has "
-                               f"{self.num_partitions}")
+            raise RefusedClaim(
+                f"it claims partition {value} of num-partitions={claimed_n!r}, the run has {self.num_partitions}"
+            )
         if self.owners is not None:
             if fingerprint is None:
                 raise RefusedClaim(f"it claims partition {value}, but the SuperLink gives no public key for it")

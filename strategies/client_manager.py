@@ -101,16 +101,18 @@ class PartitionClientManager:
         deadline = time.monotonic() + self.wait_timeout
         everything = range(self.num_clients)
         while True:
-            self.refresh(grid, everything, timeout=max(0.0, min(self.query_timeout, deadline - time.monotonic())),
-                         silence=False)
+            self.refresh(
+                grid, everything, timeout=max(0.0, min(self.query_timeout, deadline - time.monotonic())), silence=False
+            )
             mapped = len(set(self.node_to_partition.values()))
             if mapped >= self.wait_for or time.monotonic() >= deadline:
                 return mapped
             log(INFO, "Waiting for nodes: %d of %d partitions answered", mapped, self.wait_for)
             time.sleep(1.0)
 
-    def refresh(self, grid: Grid, need: Collection[int] = (), timeout: float | None = None,
-                silence: bool = True) -> None:
+    def refresh(
+        self, grid: Grid, need: Collection[int] = (), timeout: float | None = None, silence: bool = True
+    ) -> None:
         """Forget departed nodes, collect query answers, ask new nodes; while a partition of ``need`` has no node,
         wait up to ``timeout`` (default ``query_timeout``) for the answers of nodes that could serve it; then (with
         ``silence``) mark the nodes whose query is older than ``query_timeout`` silent."""
@@ -130,8 +132,9 @@ class PartitionClientManager:
         self.node_to_partition = {n: p for n, p in self.node_to_partition.items() if n in connected}
         held = set(self.node_to_partition.values())  # a displaced node may claim again once its partition is free
         keep = self.bind_partitions or self.rules.owners is not None
-        self.idle_claims = {n: p for n, p in self.idle_claims.items()
-                            if n in connected and (keep or p is None or p in held)}
+        self.idle_claims = {
+            n: p for n, p in self.idle_claims.items() if n in connected and (keep or p is None or p in held)
+        }
         self.pending = {mid: v for mid, v in self.pending.items() if v[0] in connected}
         self.silent = {n: why for n, why in self.silent.items() if n in connected}
         self.keys = {n: key for n, key in self.keys.items() if n in connected}
@@ -150,8 +153,10 @@ class PartitionClientManager:
                         self.keys[int(info.node_id)] = key_fingerprint(info.public_key)
                     except ValueError:
                         log(WARNING, "Node %s: the SuperLink's public key for it does not parse", info.node_id)
-        messages = [Message(RecordDict({protocol.CONFIG: ConfigRecord({})}), dst_node_id=n,
-                            message_type=MessageType.QUERY) for n in targets]
+        messages = [
+            Message(RecordDict({protocol.CONFIG: ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in targets
+        ]
         now = time.monotonic()
         for node, mid in zip(targets, grid.push_messages(messages), strict=False):
             if mid:
@@ -234,23 +239,38 @@ class PartitionClientManager:
             answering = self.node_to_partition.get(previous) == partition_id
             if self.rules.owners is None and (self.bind_partitions or answering):
                 holds = "holds" if answering else "held first"
-                self._refuse(node_id, partition_id, f"it claims partition {partition_id}, which node {previous} "
-                             f"{holds} in this run")
+                self._refuse(
+                    node_id,
+                    partition_id,
+                    f"it claims partition {partition_id}, which node {previous} {holds} in this run",
+                )
                 return
             self.reassigned.setdefault(self._round, []).append(partition_id)
             if answering:
                 self.idle_claims[previous] = partition_id
-            log(WARNING, "Round %d: partition %d reassigned from node %s to node %s (%s)", self._round, partition_id,
-                previous, node_id, "its key owns it" if self.rules.owners is not None else
-                f"node {previous} left or went silent; without SuperNode authentication the next claimant takes it")
+            reason = (
+                "its key owns it"
+                if self.rules.owners is not None
+                else f"node {previous} left or went silent; without SuperNode authentication the next claimant takes it"
+            )
+            log(
+                WARNING,
+                "Round %d: partition %d reassigned from node %s to node %s (%s)",
+                self._round,
+                partition_id,
+                previous,
+                node_id,
+                reason,
+            )
         self.owner[partition_id] = node_id
         if previous is not None and previous != node_id and self.node_to_partition.get(previous) == partition_id:
             del self.node_to_partition[previous]  # only a partition's owner can hold it: O(1), not O(nodes)
         self.node_to_partition[node_id] = partition_id
         log(INFO, "Round %d: node %s serves partition %d", self._round, node_id, partition_id)
 
-    def note_replies(self, server_round: int, messages: Iterable[Message], replies: Iterable[Message],
-                     grid: Grid | None = None) -> None:
+    def note_replies(
+        self, server_round: int, messages: Iterable[Message], replies: Iterable[Message], grid: Grid | None = None
+    ) -> None:
         """After a round's train exchange: a node whose message got no reply at all (not even an error) within
         the round timeout is silent: its partition is not scheduled until it answers a partition query. With
         ``grid``, the query answers that arrived meanwhile are collected now (without waiting)."""
@@ -268,18 +288,22 @@ class PartitionClientManager:
     def round_counts(self, server_round: int) -> dict[str, int]:
         """The round's metrics of the manager: skipped partitions, refused claims, reassigned partitions, silent
         nodes."""
-        return {"num-skipped": len(self.skipped.get(server_round, [])),
-                "num-refused": len(self.refused.get(server_round, [])),
-                "num-reassigned": len(self.reassigned.get(server_round, [])),
-                "num-silent": len(self.silent_rounds.get(server_round, ()))}
+        return {
+            protocol.NUM_SKIPPED: len(self.skipped.get(server_round, [])),
+            protocol.NUM_REFUSED: len(self.refused.get(server_round, [])),
+            protocol.NUM_REASSIGNED: len(self.reassigned.get(server_round, [])),
+            protocol.NUM_SILENT: len(self.silent_rounds.get(server_round, ())),
+        }
 
     def select(self, server_round: int, grid: Grid) -> list[int]:
         """Node ids of the partitions scheduled for ``server_round`` that have an answering node."""
         self._round = server_round
         if not self._waited:
             if self.wait_for_nodes(grid) == 0:
-                raise NoNodesError(f"no client node answered the partition query within "
-                                   f"participation.wait_timeout={self.wait_timeout:g} s; nothing can be trained")
+                raise NoNodesError(
+                    f"no client node answered the partition query within "
+                    f"participation.wait_timeout={self.wait_timeout:g} s; nothing can be trained"
+                )
             self._waited = True
         wanted = self.schedule.clients_for_round(server_round)
         self.refresh(grid, wanted)
@@ -297,7 +321,7 @@ class PartitionClientManager:
 
 
 class CyclicClientManager(PartitionClientManager):
-    """Cyclic participation S^t = S^{t-p}, p = 1/C (seed 000 Assumption III.3)."""
+    """Cyclic participation S^t = S^{t-p}, p = 1/C (paper 1 Assumption III.3)."""
 
     def __init__(
         self,
@@ -313,6 +337,7 @@ class CyclicClientManager(PartitionClientManager):
 class UniformClientManager(PartitionClientManager):
     """C*N partitions sampled uniformly without replacement each round."""
 
-    def __init__(self, num_clients: int, fraction: float, seed: int = 0,
-                 **kwargs: float | bool | Mapping[str, int] | None) -> None:
+    def __init__(
+        self, num_clients: int, fraction: float, seed: int = 0, **kwargs: float | bool | Mapping[str, int] | None
+    ) -> None:
         super().__init__(UniformSchedule(num_clients, fraction, seed), **kwargs)

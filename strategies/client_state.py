@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from strategies import client_step, protocol
 from strategies import math as fm
-from strategies import protocol
 
 log = logging.getLogger(__name__)
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -96,9 +96,7 @@ class ClientStateStore:
         self.keep_round = int(keep_round)
 
     @classmethod
-    def from_config(
-        cls, config: Mapping, partition_id: int, node_config: Mapping | None = None
-    ) -> ClientStateStore:
+    def from_config(cls, config: Mapping, partition_id: int, node_config: Mapping | None = None) -> ClientStateStore:
         """The store a train message points to; ``node_config["client-state-dir"]`` overrides the directory."""
         root = (node_config or {}).get(protocol.STATE_DIR) or config.get(protocol.STATE_DIR)
         if not root:
@@ -106,8 +104,9 @@ class ClientStateStore:
         for key in (protocol.STATE_RUN, protocol.STATE_STARTS, protocol.STATE_IDS, protocol.STATE_KEEP):
             if key not in config:
                 raise ValueError(f"train config of a stateful algorithm lacks {key!r}")
-        lineage = Lineage(tuple(int(s) for s in config[protocol.STATE_STARTS]),
-                          tuple(str(s) for s in config[protocol.STATE_IDS]))
+        lineage = Lineage(
+            tuple(int(s) for s in config[protocol.STATE_STARTS]), tuple(str(s) for s in config[protocol.STATE_IDS])
+        )
         return cls(str(root), str(config[protocol.STATE_RUN]), partition_id, lineage, int(config[protocol.STATE_KEEP]))
 
     # ----------------------------------------------------------------------- files
@@ -178,8 +177,9 @@ def _read_checked(path: Path, like: Mapping[str, np.ndarray]) -> Arrays:
     for key, ref in like.items():
         value = arrays[key]
         if value.shape != np.shape(ref) or value.dtype != np.asarray(ref).dtype:
-            raise CorruptState(f"{path.name}: {key!r} is {value.dtype}{value.shape}, expected "
-                               f"{np.asarray(ref).dtype}{np.shape(ref)}")
+            raise CorruptState(
+                f"{path.name}: {key!r} is {value.dtype}{value.shape}, expected {np.asarray(ref).dtype}{np.shape(ref)}"
+            )
         if not np.all(np.isfinite(value)):
             raise CorruptState(f"{path.name}: {key!r} has non-finite values")
     return arrays
@@ -196,13 +196,17 @@ def round_input(
     C (a_i - theta_{i,k}) is formed by the local steps). None at a first participation or when the stored
     state is corrupt (logged; ``state-invalid`` = 1).
     """
-    if algorithm not in protocol.STATEFUL_ALGORITHMS:
+    if not client_step.algorithm(algorithm).stateful:
         raise ValueError(f"{algorithm!r} keeps no client state")
     try:
         loaded = store.load(server_round, received)
     except CorruptState as err:
-        log.warning("Ignoring the client state of %s (running round %d as a first participation): %s",
-                    store.path, server_round, err)
+        log.warning(
+            "Ignoring the client state of %s (running round %d as a first participation): %s",
+            store.path,
+            server_round,
+            err,
+        )
         return None, {protocol.STATE_ROUNDS: 0, protocol.STATE_INVALID: 1}
     if loaded is None:
         return None, {protocol.STATE_ROUNDS: 0, protocol.STATE_INVALID: 0}
@@ -224,4 +228,3 @@ def remember(
 ) -> None:
     """Store this round's state: the received model (LocalGHBM) or the final local model (FedHBM)."""
     store.save(server_round, received if algorithm == "localghbm" else local)
-

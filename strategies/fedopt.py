@@ -2,7 +2,7 @@
 
 :class:`AdaptiveServerStrategy` is the base of FedAvgM, LocalUpdate and LocalUpdateDecay: with
 ``server_optimizer="sgd"`` (the default) they apply their own rule; with "adam", "adagrad" or "yogi" the
-aggregated pseudo-gradient (Delta^t for model replies, mean q for LocalUpdate, seed 001 Section 8.4) goes through
+aggregated pseudo-gradient (Delta^t for model replies, mean q for LocalUpdate, paper 2 Section 8.4) goes through
 :func:`strategies.math.fedopt_server_update` with the round's eta_t (schedules and LocalUpdateDecay's decayed
 eta included). The moments m, v are part of :meth:`state_dict`, so a resumed run continues bitwise.
 """
@@ -43,8 +43,9 @@ class AdaptiveServerStrategy(ServerOptStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.server_optimizer = fm.server_optimizer_config(server_optimizer, beta_1, beta_2, tau, bias_correction,
-                                                           self.momentum)
+        self.server_optimizer = fm.server_optimizer_config(
+            server_optimizer, beta_1, beta_2, tau, bias_correction, self.momentum
+        )
         self.opt_m: list[np.ndarray] | None = None
         self.opt_v: list[np.ndarray] | None = None
 
@@ -54,8 +55,14 @@ class AdaptiveServerStrategy(ServerOptStrategy):
             self.opt_m = [np.zeros_like(a) for a in self.model]
             self.opt_v = [np.zeros_like(a) for a in self.model]
         new, self.opt_m, self.opt_v = fm.fedopt_server_update(
-            self.model, self.opt_m, self.opt_v, grad, self.current_server_lr(server_round), self.server_optimizer,
-            server_round)
+            self.model,
+            self.opt_m,
+            self.opt_v,
+            grad,
+            self.current_server_lr(server_round),
+            self.server_optimizer,
+            server_round,
+        )
         return new
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

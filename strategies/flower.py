@@ -25,7 +25,7 @@ from strategies.fedopt import AdaptiveServerStrategy
 
 
 class FedAvgM(AdaptiveServerStrategy):
-    """FedAvg with server heavy-ball momentum (seed 000 Eq. 92).
+    """FedAvg with server heavy-ball momentum (paper 1 Eq. 92).
 
     theta^t = theta^{t-1} - eta_t (1 - beta) Delta^t + beta (theta^{t-1} - theta^{t-2}),
     Delta^t = example-weighted mean of (theta^{t-1} - theta_i^{t,J}).
@@ -44,7 +44,7 @@ class FedAvgM(AdaptiveServerStrategy):
         "constant", "polynomial" (eta / t^alpha), "exponential" (eta gamma^t) or "inverse_time"
         (eta t0 / (t0 + t - 1)); ``schedule_param`` is alpha, gamma or t0.
     client_lr_schedule : str
-        The same schedules for the client lr sent in round t, with ``client_schedule_param`` (seed 001 §7
+        The same schedules for the client lr sent in round t, with ``client_schedule_param`` (paper 2 §7
         decays gamma_t and eta_t as 1/t: "polynomial" with 1.0, or "inverse_time", for both). Every strategy
         takes it.
     client_manager : PartitionClientManager, optional
@@ -70,14 +70,15 @@ class FedAvgM(AdaptiveServerStrategy):
         if self.server_optimizer is not None:
             new = self.adaptive_update(server_round, delta)
         else:
-            new = fm.fedavgm_server_update(self.model, self.prev_model, delta, self.current_server_lr(server_round),
-                                           self.momentum)
+            new = fm.fedavgm_server_update(
+                self.model, self.prev_model, delta, self.current_server_lr(server_round), self.momentum
+            )
         self.prev_model, self.model = self.model, new
         return delta
 
 
 class FedCM(ServerOptStrategy):
-    """FedCM: the server's momentum term corrects every local step (seed 000 Eq. 101-102).
+    """FedCM: the server's momentum term corrects every local step (paper 1 Eq. 101-102).
 
     Clients step theta <- theta - eta_l (1 - beta) grad + (beta / (J eta_t)) (theta^{t-1} - theta^{t-2});
     the server sends beta (theta^{t-1} - theta^{t-2}) / eta_t in the ArrayRecord
@@ -104,11 +105,11 @@ class FedCM(ServerOptStrategy):
 
 
 class LocalUpdate(AdaptiveServerStrategy):
-    """LocalUpdate with decoupled client lr gamma and server lr eta (seed 001 Algorithms 1-2).
+    """LocalUpdate with decoupled client lr gamma and server lr eta (paper 2 Algorithms 1-2).
 
     Each client runs K mini-batch SGD steps with lr gamma and replies, in the ArrayRecord
     "arrays", q = sum_k Theta_k g_k; the server steps x <- x - eta_t * mean_i q_i.
-    Theta_{1:K} with gamma = eta is FedAvg model averaging (seed 001 Appendix A);
+    Theta_{1:K} with gamma = eta is FedAvg model averaging (paper 2 Appendix A);
     gamma = 0 is mini-batch SGD with summed gradients.
 
     Parameters
@@ -120,7 +121,7 @@ class LocalUpdate(AdaptiveServerStrategy):
     local_steps : int
         K for a preset theta; 0 lets the client take E epochs (K = its number of steps).
     server_optimizer : str
-        "sgd" or Adam / Adagrad / Yogi on mean q (seed 001 Section 8.4 uses Yogi), as in :class:`FedAvgM`.
+        "sgd" or Adam / Adagrad / Yogi on mean q (paper 2 Section 8.4 uses Yogi), as in :class:`FedAvgM`.
     Other parameters as in :class:`FedAvgM` (no momentum).
     """
 
@@ -159,7 +160,7 @@ class LocalUpdate(AdaptiveServerStrategy):
 
 
 class LocalUpdateDecay(LocalUpdate):
-    """LocalUpdate with automatic plateau decay of gamma and eta (seed 001 Section 9).
+    """LocalUpdate with automatic plateau decay of gamma and eta (paper 2 Section 9).
 
     Monitors the example-weighted mean of the sampled clients' loss of the broadcast
     model before local training ("loss-before"), averaged over a window of W rounds;
@@ -186,8 +187,9 @@ class LocalUpdateDecay(LocalUpdate):
         **kwargs: Any,
     ) -> None:
         super().__init__(client_lr=client_lr, **kwargs)
-        self.decay_config = schedules.PlateauDecayConfig(window, patience, cooldown, min_delta, client_decay,
-                                                         server_decay, min_lr)
+        self.decay_config = schedules.PlateauDecayConfig(
+            window, patience, cooldown, min_delta, client_decay, server_decay, min_lr
+        )
         self.decay_state = schedules.PlateauDecayState.start(self.client_lr, self.server_lr, self.decay_config)
 
     def base_server_lr(self) -> float:
@@ -198,11 +200,17 @@ class LocalUpdateDecay(LocalUpdate):
 
     def _after_update(self, server_round: int, metrics: MetricRecord) -> None:
         before = self.decay_state.num_decays
-        self.decay_state = schedules.plateau_decay_step(self.decay_state, float(metrics[protocol.LOSS_BEFORE]),
-                                                 self.decay_config)
+        self.decay_state = schedules.plateau_decay_step(
+            self.decay_state, float(metrics[protocol.LOSS_BEFORE]), self.decay_config
+        )
         if self.decay_state.num_decays > before:
-            log(INFO, "Round %d: plateau -> client lr %.3g, server lr %.3g", server_round,
-                self.decay_state.client_lr, self.decay_state.server_lr)
+            log(
+                INFO,
+                "Round %d: plateau -> client lr %.3g, server lr %.3g",
+                server_round,
+                self.decay_state.client_lr,
+                self.decay_state.server_lr,
+            )
 
     def state_dict(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         meta, arrays = super().state_dict()

@@ -1,7 +1,7 @@
 """The GHBM family as Flower Message-API strategies: GHBM(tau), LocalGHBM and FedHBM (docs/ghbm.md).
 
 Zaccone, Karimireddy, Masone, Ciccone, "Communication-Efficient Heterogeneous Federated Learning with Generalized
-Heavy-Ball Momentum" (TMLR 2025), the escape from the momentum limits of seed 000 (Section III-F). All three
+Heavy-Ball Momentum" (TMLR 2025), the escape from the momentum limits of paper 1 (Section III-F). All three
 share the server rule theta^t = theta^{t-1} - eta_t Delta^t and the client step
 theta <- theta - eta_l grad - (beta / J) m (:mod:`strategies.math`, GHBM section); they differ in m:
 
@@ -113,8 +113,9 @@ class GHBM(_GHBMServer):
         super().load_state_dict(meta, arrays)
         if int(meta["tau"]) != self.tau:
             raise ValueError(f"checkpoint has tau={meta['tau']}, this strategy tau={self.tau}")
-        self.history = {int(r): [np.asarray(arrays[f"history/{r}/{k}"]) for k in self.keys]
-                        for r in meta["history_rounds"]}
+        self.history = {
+            int(r): [np.asarray(arrays[f"history/{r}/{k}"]) for k in self.keys] for r in meta["history_rounds"]
+        }
 
 
 class _StatefulClients(_GHBMServer):

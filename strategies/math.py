@@ -11,11 +11,11 @@ validation and no defensive copies: callers validate once, at construction
 (see :func:`check_momentum`, :func:`check_lr`).
 
 Seeds cited in docstrings:
-- seed 000: Zaccone et al., "On the Limits of Momentum in Decentralized and
+- paper 1: Zaccone et al., "On the Limits of Momentum in Decentralized and
   Federated Optimization" (FedAvgM Eq. 92, FedCM Eq. 101-102, Corollary B.12).
 - GHBM: Zaccone et al., "Communication-Efficient Heterogeneous FL with Generalized Heavy-Ball Momentum"
-  (seed 000 ref. [24]): GHBM, LocalGHBM, FedHBM (docs/ghbm.md).
-- seed 001: Charles & Konecny, "On the Outsized Importance of Learning Rates in
+  (paper 1 ref. [24]): GHBM, LocalGHBM, FedHBM (docs/ghbm.md).
+- paper 2: Charles & Konecny, "On the Outsized Importance of Learning Rates in
   Local Update Methods" (LocalUpdate Algorithms 1-2, Appendix A, Section 9).
 """
 
@@ -52,7 +52,7 @@ def check_lr(lr: Any, name: str, allow_zero: bool = True) -> None:
 def weighted_mean(per_client: Sequence[Params], weights: Sequence[float]) -> Params:
     """Example-weighted mean of the clients' arrays, layer by layer.
 
-    The server average of seed 000 Eq. 92/102 and of seed 001 Algorithm 1
+    The server average of paper 1 Eq. 92/102 and of paper 2 Algorithm 1
     (weights = number of examples; equal weights give the plain mean).
     """
     total = float(sum(weights))
@@ -72,15 +72,13 @@ def l2_norm(params: Params) -> float:
 
 
 def model_delta(global_model: Params, mean_client_model: Params) -> Params:
-    """Pseudo-gradient Delta^t = theta^{t-1} - mean_i theta_i^{t,J} (seed 000 Eq. 92)."""
+    """Pseudo-gradient Delta^t = theta^{t-1} - mean_i theta_i^{t,J} (paper 1 Eq. 92)."""
     return [g - c for g, c in zip(global_model, mean_client_model)]
 
 
 # --------------------------------------------------------------------------- FedAvgM
-def fedavgm_server_update(
-    model: Params, prev_model: Params, delta: Params, server_lr: Any, momentum: Any
-) -> Params:
-    """FedAvgM server step in heavy-ball form (seed 000 Eq. 92).
+def fedavgm_server_update(model: Params, prev_model: Params, delta: Params, server_lr: Any, momentum: Any) -> Params:
+    """FedAvgM server step in heavy-ball form (paper 1 Eq. 92).
 
     theta^t = theta^{t-1} - eta_t (1 - beta) Delta^t + beta (theta^{t-1} - theta^{t-2}).
     In round 1 pass ``prev_model = model`` (theta^{-1} = theta^0: no momentum yet).
@@ -94,7 +92,7 @@ def fedavgm_server_update(
 def fedcm_correction(model: Params, prev_model: Params, server_lr: Any, momentum: Any) -> Params:
     """Server-side momentum term of FedCM sent to clients: beta (theta^{t-1} - theta^{t-2}) / eta_t.
 
-    Seed 000 Eq. 101 adds (beta / (J eta_t)) (theta^{t-1} - theta^{t-2}) at each of the J local
+    Paper 1 Eq. 101 adds (beta / (J eta_t)) (theta^{t-1} - theta^{t-2}) at each of the J local
     steps; the client divides this term by its own J (:func:`fedcm_local_step`). Round 1 uses
     ``prev_model = model``, i.e. a zero term. ``server_lr`` must be positive.
     """
@@ -103,7 +101,7 @@ def fedcm_correction(model: Params, prev_model: Params, server_lr: Any, momentum
 
 
 def fedcm_local_step(param: Any, grad: Any, client_lr: Any, momentum: Any, correction: Any, local_steps: int) -> Any:
-    """One FedCM local step on one tensor (seed 000 Eq. 101).
+    """One FedCM local step on one tensor (paper 1 Eq. 101).
 
     theta <- theta - eta_l (1 - beta) grad f_i(theta) + correction / J,
     with ``correction`` from :func:`fedcm_correction` and J = the client's local steps this round.
@@ -112,13 +110,13 @@ def fedcm_local_step(param: Any, grad: Any, client_lr: Any, momentum: Any, corre
 
 
 def fedcm_server_update(model: Params, delta: Params, server_lr: Any) -> Params:
-    """FedCM server step: theta^t = theta^{t-1} - eta_t Delta^t (seed 000 Eq. 102)."""
+    """FedCM server step: theta^t = theta^{t-1} - eta_t Delta^t (paper 1 Eq. 102)."""
     return [x - server_lr * d for x, d in zip(model, delta)]
 
 
 # --------------------------------------------------------------------------- GHBM family
 # Zaccone, Karimireddy, Masone, Ciccone, "Communication-Efficient Heterogeneous Federated Learning with
-# Generalized Heavy-Ball Momentum" (TMLR 2025; seed 000 ref. [24], Section III-F). Clients take
+# Generalized Heavy-Ball Momentum" (TMLR 2025; paper 1 ref. [24], Section III-F). Clients take
 # theta <- theta - eta_l grad - (beta / J) m at each of their J local steps; the server steps
 # theta^t = theta^{t-1} - eta_t Delta^t. The three variants differ only in where m comes from.
 def check_ghbm_momentum(momentum: Any, name: str = "momentum") -> None:
@@ -180,8 +178,8 @@ def ghbm_server_update(model: Params, delta: Params, server_lr: Any) -> Params:
 
 # --------------------------------------------------------------------------- SGD / LocalUpdate
 def sgd_step(param: Any, grad: Any, lr: Any) -> Any:
-    """Plain (mini-batch) gradient step x - lr * g: the client step of FedAvgM (seed 000 Eq. 91)
-    and of LocalUpdate (seed 001 Algorithm 2, x_{k+1} = x_k - gamma g_k)."""
+    """Plain (mini-batch) gradient step x - lr * g: the client step of FedAvgM (paper 1 Eq. 91)
+    and of LocalUpdate (paper 2 Algorithm 2, x_{k+1} = x_k - gamma g_k)."""
     return param - lr * grad
 
 
@@ -189,7 +187,7 @@ THETA_PRESETS = ("fedavg", "fomaml")
 
 
 def theta_weights(theta: str | Sequence[float], local_steps: int) -> np.ndarray:
-    """Theta vector of LocalUpdate (seed 001 Section 2).
+    """Theta vector of LocalUpdate (paper 2 Section 2).
 
     ``"fedavg"`` = Theta_{1:K} = (1, ..., 1) (FedAvg/Reptile), ``"fomaml"`` = Theta_K = (0, ..., 0, 1)
     (first-order MAML), or an explicit vector whose length fixes K (trailing zeros allowed).
@@ -211,12 +209,12 @@ def theta_weights(theta: str | Sequence[float], local_steps: int) -> np.ndarray:
 
 
 def localupdate_accumulate(q: Any, grad: Any, weight: float) -> Any:
-    """q <- q + Theta_k g_k: the client's running Theta-weighted gradient sum (seed 001 Algorithm 2)."""
+    """q <- q + Theta_k g_k: the client's running Theta-weighted gradient sum (paper 2 Algorithm 2)."""
     return q + weight * grad
 
 
 def localupdate_server_update(model: Params, mean_update: Params, server_lr: Any) -> Params:
-    """LocalUpdate server step x <- x - eta * mean_i q_i (seed 001 Algorithm 1)."""
+    """LocalUpdate server step x <- x - eta * mean_i q_i (paper 2 Algorithm 1)."""
     return [x - server_lr * q for x, q in zip(model, mean_update)]
 
 
@@ -313,13 +311,18 @@ def adam_bias_corrected_lr(server_lr: Any, beta_1: Any, beta_2: Any, server_roun
 
 
 def fedopt_server_update(
-    model: Params, m: Params, v: Params, grad: Params, server_lr: Any, config: ServerOptimizerConfig,
+    model: Params,
+    m: Params,
+    v: Params,
+    grad: Params,
+    server_lr: Any,
+    config: ServerOptimizerConfig,
     server_round: int,
 ) -> tuple[Params, Params, Params]:
     """One adaptive server step on the pseudo-gradient Delta_t; returns (x_t, m_t, v_t).
 
     x_t = x_{t-1} - eta_t m_t / (sqrt(v_t) + tau) (Reddi et al. Algorithm 2, with Delta_t taken as a gradient:
-    theta^{t-1} - mean theta_i for model replies, mean q_i for LocalUpdate, seed 001 Section 8.4). Start from
+    theta^{t-1} - mean theta_i for model replies, mean q_i for LocalUpdate, paper 2 Section 8.4). Start from
     m = v = 0 (as Flower does). Equals Flower's FedAdagrad / FedAdam / FedYogi, whose delta is -Delta_t.
     """
     m = fedopt_first_moment(m, grad, config.beta_1)

@@ -1,6 +1,6 @@
 """Client participation schedules over partition ids (pure, no Flower).
 
-Cyclic participation (seed 000 Assumption III.3): the N clients are split into
+Cyclic participation (paper 1 Assumption III.3): the N clients are split into
 p = 1/C disjoint groups; group ((t - 1) mod p) trains at round t, so S^t = S^{t-p}
 and consecutive rounds inside a period never share a client. Uniform participation
 samples C*N clients without replacement each round. Both are deterministic functions
@@ -31,7 +31,7 @@ def clients_per_round(num_clients: int, fraction: float) -> int:
 
 
 class CyclicSchedule:
-    """Cyclic participation with period p = 1/C (seed 000 Assumption III.3).
+    """Cyclic participation with period p = 1/C (paper 1 Assumption III.3).
 
     Groups are a seeded random split of ``range(num_clients)`` into p equal parts, or
     ``groups`` given explicitly (disjoint, covering all clients).

@@ -13,7 +13,7 @@ CONFIG = "config"  # ConfigRecord: the keys below
 FEDCM_CORRECTION = "fedcm-correction"  # ArrayRecord: beta (theta^{t-1} - theta^{t-2}) / eta_t (FedCM only)
 GHBM_MOMENTUM = "ghbm-momentum"  # ArrayRecord: m^t = (theta^{t-1-tau} - theta^{t-1}) / tau, zero in rounds <= tau
 
-ALGORITHM = "algorithm"  # str: one of ALGORITHMS
+ALGORITHM = "algorithm"  # str: a name of strategies.client_step.ALGORITHMS
 SERVER_ROUND = "server-round"  # int
 CLIENT_LR = "client-lr"  # float: eta_l (FedAvgM/FedCM) or gamma (LocalUpdate), already decayed
 SERVER_LR = "server-lr"  # float: eta_t of this round (informative; FedCM's term already uses it)
@@ -41,5 +41,14 @@ NUM_PARTITIONS = "num-partitions"  # int: the node's N, also in its reply to the
 STATE_ROUNDS = "state-rounds"  # int: rounds since the client state used (0 = first participation; LocalGHBM/FedHBM)
 STATE_INVALID = "state-invalid"  # int: 1 when a stored client state was corrupt and ignored
 
-ALGORITHMS = ("fedavgm", "fedcm", "localupdate", "ghbm", "localghbm", "fedhbm")
-STATEFUL_ALGORITHMS = ("localghbm", "fedhbm")  # clients keep state across rounds
+# --- round metrics: the MetricRecord of aggregate_train (besides SERVER_LR, CLIENT_LR, TRAIN_LOSS, LOSS_BEFORE) ----
+NUM_SELECTED = "num-selected"  # int: nodes sent a train message this round
+NUM_REPLIES = "num-replies"  # int: accepted replies
+NUM_REJECTED = "num-rejected"  # int: replies that failed validation
+NUM_FAILURES = "num-failures"  # int: error or missing replies
+UPDATE_NORM = "update-norm"  # float: ||Delta^t||_2 (||mean q||_2 for LocalUpdate*)
+CLIENT_UPDATE_NORM = "client-update-norm"  # float: example-weighted mean of the clients' update norms
+NUM_SKIPPED = "num-skipped"  # int: scheduled partitions with no connected node (client manager)
+NUM_REFUSED = "num-refused"  # int: partition claims refused (client manager)
+NUM_REASSIGNED = "num-reassigned"  # int: partitions whose node changed (client manager)
+NUM_SILENT = "num-silent"  # int: nodes not waited for this round (client manager)

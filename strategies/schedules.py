@@ -3,8 +3,8 @@
 Pure functions and plain dataclasses, shared like :mod:`strategies.math` by the Flower strategies
 (``strategies/base.py``, ``strategies/flower.py``), the config check and the theory simulator:
 
-- :func:`scheduled_lr`: eta_t / gamma_t of seed 000 Section IV-A and seed 001 §7 (1/t decay of both rates);
-- :func:`plateau_decay_step`: seed 001 Section 9 (Algorithm 3 with the refinements W, P, C).
+- :func:`scheduled_lr`: eta_t / gamma_t of paper 1 Section IV-A and paper 2 §7 (1/t decay of both rates);
+- :func:`plateau_decay_step`: paper 2 Section 9 (Algorithm 3 with the refinements W, P, C).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def check_schedule(schedule: str, param: Any, name: str = "server_lr_schedule") 
 
 
 def scheduled_lr(base_lr: Any, schedule: str, param: Any, t: Any) -> Any:
-    """Step size at round t >= 1: the server's eta_t (seed 000 Section IV-A) or the clients' gamma_t (seed 001 §7,
+    """Step size at round t >= 1: the server's eta_t (paper 1 Section IV-A) or the clients' gamma_t (paper 2 §7,
     Theorem with gamma_t and eta_t decaying as 1/t: ``polynomial`` with alpha = 1, or ``inverse_time``).
 
     constant: eta; polynomial: eta / t^alpha; exponential: eta * gamma^t; inverse_time: eta * t0 / (t0 + t - 1),
@@ -52,7 +52,7 @@ def scheduled_lr(base_lr: Any, schedule: str, param: Any, t: Any) -> Any:
 
 @dataclass
 class PlateauDecayConfig:
-    """Knobs of LocalUpdateDecay (seed 001 Section 9: Algorithm 3 with refinements W, P, C)."""
+    """Knobs of LocalUpdateDecay (paper 2 Section 9: Algorithm 3 with refinements W, P, C)."""
 
     window: int = 100
     patience: int = 100
@@ -101,7 +101,7 @@ def _decayed(lr: float, factor: float, min_lr: float) -> float:
 
 
 def plateau_decay_step(state: PlateauDecayState, value: float, config: PlateauDecayConfig) -> PlateauDecayState:
-    """Feed one monitored value; return the new state (seed 001 Section 9, as in the authors' TFF code).
+    """Feed one monitored value; return the new state (paper 2 Section 9, as in the authors' TFF code).
 
     window <- window[1:] + [value]; avg = mean(window).
     If cooldown > 0: cooldown -= 1, wait = 0.

@@ -47,8 +47,7 @@ class ReplySpec:
     @classmethod
     def like(cls, keys: Sequence[str], model: Params, **kwargs: object) -> ReplySpec:
         """Arrays with the keys, shapes and dtypes of ``model``."""
-        return cls(tuple(keys), tuple(tuple(a.shape) for a in model), tuple(np.dtype(a.dtype) for a in model),
-                   **kwargs)
+        return cls(tuple(keys), tuple(tuple(a.shape) for a in model), tuple(np.dtype(a.dtype) for a in model), **kwargs)
 
 
 @dataclass

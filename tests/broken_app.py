@@ -15,8 +15,18 @@ from strategies import protocol
 
 NUM_HONEST = 4
 BROKEN_KINDS = (
-    "wrong-shape", "wrong-keys", "no-num-examples", "zero-num-examples", "negative-num-examples", "nan", "inf",
-    "int-dtype", "huge-num-examples", "two-array-records", "nan-loss-before", "raises",
+    "wrong-shape",
+    "wrong-keys",
+    "no-num-examples",
+    "zero-num-examples",
+    "negative-num-examples",
+    "nan",
+    "inf",
+    "int-dtype",
+    "huge-num-examples",
+    "two-array-records",
+    "nan-loss-before",
+    "raises",
 )
 app = ClientApp()
 
@@ -52,8 +62,9 @@ def corrupt(reply: Message, kind: str) -> RecordDict:
         named = {k: v.astype(np.int64) for k, v in named.items()}
     elif kind == "nan-loss-before":
         metrics[protocol.LOSS_BEFORE] = float("nan")
-    content = RecordDict({protocol.ARRAYS: ArrayRecord({k: Array(v) for k, v in named.items()}),
-                          protocol.METRICS: MetricRecord(metrics)})
+    content = RecordDict(
+        {protocol.ARRAYS: ArrayRecord({k: Array(v) for k, v in named.items()}), protocol.METRICS: MetricRecord(metrics)}
+    )
     if kind == "two-array-records":
         content["second"] = ArrayRecord({k: Array(v) for k, v in named.items()})
     return content

@@ -20,8 +20,22 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     from client.threads import local_share, usable_cores
 
-    os.environ.setdefault("OMP_NUM_THREADS",
-                          str(local_share(usable_cores(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", str(local_share(usable_cores(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A 10-class ImageFolder tree (12 train / 4 test images per class), its .tar.gz and a cache dir: the data of
+    the end-to-end tests (helpers: simcli.py)."""
+    from tools.datagen import make_image_folder, make_tarball
+
+    root = tmp_path_factory.mktemp("data")
+    folder = make_image_folder(root / "folder", per_class=12, test_per_class=4, seed=1)
+    tarball = make_tarball(folder, root / "tiny.tar.gz")
+    return {"folder": folder, "tarball": tarball, "cache": root / "cache"}
+
 
 # session fixtures too costly to build once per xdist worker
 SHARED_SESSION_FIXTURES = ("reference_deploy", "toy_simulation")

@@ -35,8 +35,14 @@ def loss(x: list[np.ndarray], c: list[np.ndarray]) -> float:
     return float(sum(0.5 * MU * np.sum((a - b) ** 2) for a, b in zip(x, c)))
 
 
-def local_train(cfg: ConfigRecord, model: list[np.ndarray], c: list[np.ndarray], extra: ArrayRecord | None,
-                partition_id: int = 0, state_metrics: dict | None = None):
+def local_train(
+    cfg: ConfigRecord,
+    model: list[np.ndarray],
+    c: list[np.ndarray],
+    extra: ArrayRecord | None,
+    partition_id: int = 0,
+    state_metrics: dict | None = None,
+):
     """Run the round's local steps layer by layer (the loss is separable); returns (reply arrays, steps).
 
     The GHBM family's client-state metrics are added to ``state_metrics``."""
@@ -49,8 +55,9 @@ def local_train(cfg: ConfigRecord, model: list[np.ndarray], c: list[np.ndarray],
         return [localupdate_client(x, g, lr, weights) for x, g in zip(model, grads)], len(weights)
     if algorithm in ("ghbm", "localghbm", "fedhbm"):
         keys = list(extra.keys()) if extra is not None else [str(i) for i in range(len(model))]
-        local, metrics = ghbm_family_local(cfg, dict(zip(keys, model)), dict(zip(keys, grads)), extra, partition_id,
-                                           steps)
+        local, metrics = ghbm_family_local(
+            cfg, dict(zip(keys, model)), dict(zip(keys, grads)), extra, partition_id, steps
+        )
         if state_metrics is not None:
             state_metrics.update(metrics)
         return [local[k] for k in keys], steps

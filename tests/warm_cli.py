@@ -10,7 +10,7 @@ module globals, Hydra, logging and exit are its own, and a timeout kills its who
 
 What it does not reproduce is the interpreter's own start-up (``PYTHON*`` variables are read at the server's
 start; the hash seed is the server's). Tests whose subject is the console script as a process (signals, exit
-codes before any import, Ray, deployments) start it with ``subprocess`` as before; tests/server/conftest.py's
+codes before any import, Ray, deployments) start it with ``subprocess`` as before; tests/simcli.py's
 ``run_cli`` uses this only for ``engine=batched`` runs and the report/optimum/plot CLIs.
 """
 
@@ -30,9 +30,24 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 # imported by the server before it forks: everything an engine=batched run, a report, f* and a plot load
-WARM_MODULES = ("torch", "numpy", "hydra", "omegaconf", "flwr.serverapp", "flwr.clientapp", "flwr.app",
-                "matplotlib.pyplot", "scipy.stats", "server.run.cli", "server.run.app", "server.batched.engine",
-                "server.report.sweep", "server.report.metrics", "server.convex.cli", "client.app")
+WARM_MODULES = (
+    "torch",
+    "numpy",
+    "hydra",
+    "omegaconf",
+    "flwr.serverapp",
+    "flwr.clientapp",
+    "flwr.app",
+    "matplotlib.pyplot",
+    "scipy.stats",
+    "server.run.cli",
+    "server.run.app",
+    "server.batched.engine",
+    "server.report.sweep",
+    "server.report.metrics",
+    "server.convex.cli",
+    "client.app",
+)
 
 
 def entry_point(name: str) -> str:
@@ -52,8 +67,9 @@ class WarmCLI:
         self.scratch = scratch
         self.calls = 0
         code = f"import sys; sys.path.append({str(Path(__file__).parent)!r}); import warm_cli; warm_cli.serve()"
-        self.server = subprocess.Popen([sys.executable, "-u", "-c", code], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, text=True, env=env)
+        self.server = subprocess.Popen(
+            [sys.executable, "-u", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
         self._selector = selectors.DefaultSelector()
         assert self.server.stdout is not None
         self._selector.register(self.server.stdout, selectors.EVENT_READ)
@@ -69,15 +85,28 @@ class WarmCLI:
             raise RuntimeError(f"warm CLI server ended (exit {self.server.poll()})")
         return json.loads(line)
 
-    def run(self, name: str, args: list[str], env: dict[str, str], cwd: str | Path | None = None,
-            timeout: float | None = None, merge_output: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str | Path | None = None,
+        timeout: float | None = None,
+        merge_output: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
         """Run console script ``name`` with ``args``; stdout and stderr captured (merged into stdout when
         ``merge_output``); raises ``subprocess.TimeoutExpired`` after killing the call's process group."""
         self.calls += 1
         out = self.scratch / f"call-{self.calls}.out"
         err = out if merge_output else self.scratch / f"call-{self.calls}.err"
-        request = {"entry": entry_point(name), "argv": [name, *map(str, args)], "env": env,
-                   "cwd": str(cwd or os.getcwd()), "out": str(out), "err": str(err)}
+        request = {
+            "entry": entry_point(name),
+            "argv": [name, *map(str, args)],
+            "env": env,
+            "cwd": str(cwd or os.getcwd()),
+            "out": str(out),
+            "err": str(err),
+        }
         assert self.server.stdin is not None
         self.server.stdin.write(json.dumps(request) + "\n")
         self.server.stdin.flush()
@@ -141,8 +170,11 @@ def _child(request: dict) -> None:
     stdin = os.open(os.devnull, os.O_RDONLY)
     os.dup2(stdin, 0)
     out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    err = out if request["err"] == request["out"] else \
-        os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    err = (
+        out
+        if request["err"] == request["out"]
+        else os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    )
     os.dup2(out, 1)
     os.dup2(err, 2)
     sys.stdin = open(os.devnull)  # noqa: SIM115 - the process's stdin until it exits
@@ -194,4 +226,3 @@ def serve() -> None:
         print(json.dumps({"pid": pid}), flush=True)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
-

@@ -1,4 +1,4 @@
-"""``flower-theory <experiment> [options]``: reproduce the quadratic analyses of seeds 000 and 001.
+"""flower-theory <experiment> [options]: reproduce the quadratic analyses of paper 1 and paper 2.
 
 Each experiment writes <name>.md, <name>.csv, <name>.json (and <name>.png where the paper has a figure)
 under ``--out`` (default outputs/theory). ``flower-theory all`` runs every experiment. See docs/theory.md.
@@ -13,8 +13,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-EXPERIMENTS = ("table1", "table2", "limit-cycle", "rates", "local-steps", "cycle-mean", "surrogate",
-               "spectrum")  # `all`
+EXPERIMENTS = (
+    "table1",
+    "table2",
+    "limit-cycle",
+    "rates",
+    "local-steps",
+    "cycle-mean",
+    "surrogate",
+    "spectrum",
+)  # `all`
 GHBM_POINT = {  # flower-theory ghbm-point options: (default, converter, check, message)
     "tau": (1, int, lambda v: v >= 1, "--tau must be an integer >= 1"),
     "momentum": (0.9, float, lambda v: 0.0 <= v <= 1.0, "--momentum must lie in [0, 1]"),
@@ -52,14 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flower-theory", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="experiment")
     helps = {
-        "table1": "seed 000 Table I (IGD with/without momentum, T = 10^6)",
-        "table2": "seed 000 Table II (alpha = 1, two initial steps)",
-        "limit-cycle": "seed 000 Thm III.5: stability (Eq. 9) and limit-cycle amplitude (Eq. 10)",
-        "rates": "seed 000 Thm III.6: fitted decay exponents",
-        "local-steps": "seed 000 Eq. 5-7: FedAvgM vs FedCM with J local steps",
+        "table1": "paper 1 Table I (IGD with/without momentum, T = 10^6)",
+        "table2": "paper 1 Table II (alpha = 1, two initial steps)",
+        "limit-cycle": "paper 1 Thm III.5: stability (Eq. 9) and limit-cycle amplitude (Eq. 10)",
+        "rates": "paper 1 Thm III.6: fitted decay exponents",
+        "local-steps": "paper 1 Eq. 5-7: FedAvgM vs FedCM with J local steps",
         "cycle-mean": "Lemma III.4 with unequal client curvatures: where each method's limit cycle is centred",
-        "surrogate": "seed 001 Sections 3-4: surrogate vs true minimizer, LocalUpdate",
-        "spectrum": "seed 001 Lemma 11 / Corollary 13 / Theorem 4",
+        "surrogate": "paper 2 Sections 3-4: surrogate vs true minimizer, LocalUpdate",
+        "spectrum": "paper 2 Lemma 11 / Corollary 13 / Theorem 4",
         "ghbm": "GHBM(tau), LocalGHBM, FedHBM vs FedAvgM/FedCM: Table I, limit cycle, Thm III.6 rates",
         "ghbm-point": "one GHBM(tau) configuration on Lemma III.4's problem: prints theta^R as one JSON line",
         "all": "run every experiment",
@@ -108,12 +116,16 @@ def _summary(name: str, payload: dict) -> str:
         text = f"{sum(e['match'] for e in entries)}/{len(entries)} entries match the paper"
         for e in entries:
             if not e["match"]:
-                text += (f"\n    mismatch: momentum={e['momentum']} {e['schedule']} {e['param']} G={e['G']:g} "
-                         f"theta0={e['theta0']:g}: ours {e['value']:.3e}, paper {e['paper']:.1e}")
+                text += (
+                    f"\n    mismatch: momentum={e['momentum']} {e['schedule']} {e['param']} G={e['G']:g} "
+                    f"theta0={e['theta0']:g}: ours {e['value']:.3e}, paper {e['paper']:.1e}"
+                )
         for v in payload.get("paper_linearity_violations", []):
-            text += (f"\n    paper entry contradicts linearity: momentum={v['momentum']} {v['schedule']} {v['param']} "
-                     f"G={v['G']:g} theta0={v['theta0']:g}: paper {v['paper']:.1e}, its row implies "
-                     f"{v['predicted_by_linearity']:.2e}")
+            text += (
+                f"\n    paper entry contradicts linearity: momentum={v['momentum']} {v['schedule']} {v['param']} "
+                f"G={v['G']:g} theta0={v['theta0']:g}: paper {v['paper']:.1e}, its row implies "
+                f"{v['predicted_by_linearity']:.2e}"
+            )
         return text
     return "written " + ", ".join(sorted(payload.get("paths", {}).values()))
 
@@ -123,9 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.experiment == "ghbm-point":
         return _ghbm_point(args)
-    if args.experiment == "surrogate" and any(
-        getattr(args, k) is not None for k in ("example", "gamma", "K", "theta")
-    ):
+    if args.experiment == "surrogate" and any(getattr(args, k) is not None for k in ("example", "gamma", "K", "theta")):
         return _surrogate_point(args, parser)
     runners = _runners(args)
     names = EXPERIMENTS if args.experiment == "all" else (args.experiment,)

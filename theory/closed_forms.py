@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 
-# --------------------------------------------------------------------------- seed 000
+# --------------------------------------------------------------------------- paper 1
 def stability_bound(beta: Any, mu: float) -> Any:
     """Upper end of Eq. 9: eta < 2 (1 + beta) / (mu (1 - beta))."""
     return 2.0 * (1.0 + beta) / (mu * (1.0 - beta))
@@ -61,9 +61,9 @@ def rate_exponent(alpha: float, mu: float, eta: float) -> float:
     return 0.0
 
 
-# --------------------------------------------------------------------------- seed 001
+# --------------------------------------------------------------------------- paper 2
 def distortion_matrix(A: Any, gamma: float, theta: Sequence[float]) -> np.ndarray:
-    """Q_i(gamma, Theta) = sum_k Theta_k (I - gamma A_i)^{k-1} (seed 001 Eq. 8), by matrix powers."""
+    """Q_i(gamma, Theta) = sum_k Theta_k (I - gamma A_i)^{k-1} (paper 2 Eq. 8), by matrix powers."""
     A = np.atleast_2d(np.asarray(A, dtype=float))
     step = np.eye(A.shape[0]) - gamma * A
     Q, power = np.zeros_like(A), np.eye(A.shape[0])
@@ -74,14 +74,14 @@ def distortion_matrix(A: Any, gamma: float, theta: Sequence[float]) -> np.ndarra
 
 
 def phi(K: int, lam: Any, gamma: Any) -> Any:
-    """phi_{K,lambda}(gamma) = (1 - (1 - gamma lambda)^K) / gamma, = K lambda at gamma = 0 (seed 001 Lemma 11)."""
+    """phi_{K,lambda}(gamma) = (1 - (1 - gamma lambda)^K) / gamma, = K lambda at gamma = 0 (paper 2 Lemma 11)."""
     gamma = np.asarray(gamma, dtype=float)
     safe = np.where(gamma == 0.0, 1.0, gamma)
     return np.where(gamma == 0.0, K * np.asarray(lam, dtype=float), (1.0 - (1.0 - safe * lam) ** K) / safe)
 
 
 def fomaml_eigenvalue(K: int, lam: Any, gamma: Any) -> Any:
-    """Eigenvalue (1 - gamma lambda)^{K-1} lambda of Q_i(gamma, Theta_K) A_i (seed 001 Lemma 12)."""
+    """Eigenvalue (1 - gamma lambda)^{K-1} lambda of Q_i(gamma, Theta_K) A_i (paper 2 Lemma 12)."""
     return (1.0 - gamma * lam) ** (K - 1) * lam
 
 

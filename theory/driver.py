@@ -1,4 +1,4 @@
-"""Drivers for the seed 000 recurrences: a plain per-round loop and a fast exact linear solver.
+"""Drivers for the paper 1 recurrences: a plain per-round loop and a fast exact linear solver.
 
 A round theta^t = R_t(theta^{t-1}, theta^{t-2}, G) of FedAvgM/FedCM on the problem of Lemma III.4 is
 *linear* in (theta^{t-1}, theta^{t-2}, G) (Eq. 3: theta^t = p_t theta^{t-1} - r_t theta^{t-2} + q_t (-1)^t G).
@@ -29,7 +29,7 @@ RoundFn = Callable[[Any, Any, Any, Any, Any], Any]  # (theta, theta_prev, G, t, 
 
 @dataclass
 class Schedule:
-    """Per-lane server learning-rate schedules eta_t (seed 000 Section IV-A), evaluated by ``scheduled_lr``.
+    """Per-lane server learning-rate schedules eta_t (paper 1 Section IV-A), evaluated by ``scheduled_lr``.
 
     ``kinds[k]`` is "constant" | "polynomial" | "exponential" for lane k, ``base_lr[k]`` is eta and
     ``params[k]`` is alpha or gamma (ignored for constant).
@@ -82,7 +82,7 @@ def run_loop(
 
     Returns (theta^t, theta^{t-1}) at each checkpoint (default: only T), shapes (len(checkpoints), lanes).
     """
-    checks = _checkpoints(T, checkpoints)
+    checks = checkpoint_rounds(T, checkpoints)
     shape = (schedule.lanes,)
     theta = np.broadcast_to(np.asarray(theta0, dtype=float), shape).copy()
     prev = theta.copy()
@@ -161,7 +161,7 @@ def run_fast(
     chunk: int = 1 << 13,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Same output as :func:`run_loop`, computed from composed round maps (exact up to round-off)."""
-    checks = _checkpoints(T, checkpoints)
+    checks = checkpoint_rounds(T, checkpoints)
     theta = np.broadcast_to(np.asarray(theta0, dtype=float), (schedule.lanes,)).copy()
     prev = theta.copy()
     out_t, out_p, start = [], [], 1
@@ -173,7 +173,8 @@ def run_fast(
     return np.array(out_t), np.array(out_p)
 
 
-def _checkpoints(T: int, checkpoints: Sequence[int] | None) -> list[int]:
+def checkpoint_rounds(T: int, checkpoints: Sequence[int] | None) -> list[int]:
+    """The sorted rounds to record (``[T]`` when None), each in [1, T]."""
     if int(T) < 1:
         raise ValueError(f"T must be >= 1, got {T}")
     checks = sorted({int(c) for c in (checkpoints if checkpoints is not None else [T])})

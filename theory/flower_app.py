@@ -1,7 +1,7 @@
 """A Flower ClientApp with the quadratic clients of both seeds (for the Flower equivalence check).
 
-Partition 0 is client 1 of seed 000 Lemma III.4 (f_1 = mu/2 th^2 + G th) and partition 1 is client 2
-(f_2 = mu/2 th^2 - G th); with ``"problem": "two-point"`` in the config, partition p is instead the seed 001
+Partition 0 is client 1 of paper 1 Lemma III.4 (f_1 = mu/2 th^2 + G th) and partition 1 is client 2
+(f_2 = mu/2 th^2 - G th); with ``"problem": "two-point"`` in the config, partition p is instead the paper 2
 client A = p + 1, c = 1 / (p + 1). GHBM, LocalGHBM and FedHBM run through :func:`ghbm_family_local` (the
 stateful two keep node-local state with :mod:`strategies.client_state`, like the CIFAR-10 client). The local
 work calls the same client functions as the theory drivers (:mod:`theory.problems`), which call
@@ -19,6 +19,7 @@ from flwr.clientapp import ClientApp
 
 from strategies import client_state, protocol
 from strategies import math as fm
+from strategies.client_step import algorithm as registered_algorithm
 from theory.problems import (
     QuadraticClient,
     fedavgm_client,
@@ -30,11 +31,10 @@ from theory.problems import (
 )
 
 app = ClientApp()
-GHBM_FAMILY = ("ghbm", "localghbm", "fedhbm")
 
 
 def client_for(partition_id: int, cfg: ConfigRecord) -> QuadraticClient | float:
-    """The partition's problem: a seed 001 QuadraticClient, or the seed 000 signed heterogeneity s G."""
+    """The partition's problem: a paper 2 QuadraticClient, or the paper 1 signed heterogeneity s G."""
     if str(cfg.get("problem", "lemma-iii4")) == "two-point":
         a = float(partition_id + 1)
         return QuadraticClient(a, 1.0 / a)
@@ -63,12 +63,15 @@ def ghbm_family_local(
     store = client_state.ClientStateStore.from_config(cfg, partition_id, node_config)
     state, metrics = client_state.round_input(store, algorithm, t, arrays)
     if algorithm == "localghbm":
-        local = {k: ghbm_client(x, grads[k], lr, beta, state[k] if state else 0.0, local_steps)
-                 for k, x in arrays.items()}
+        local = {
+            k: ghbm_client(x, grads[k], lr, beta, state[k] if state else 0.0, local_steps) for k, x in arrays.items()
+        }
     else:
         C = float(cfg[protocol.PARTICIPATION])
-        local = {k: fedhbm_client(x, grads[k], lr, beta, state[k] if state else x, C, local_steps, state is not None)
-                 for k, x in arrays.items()}
+        local = {
+            k: fedhbm_client(x, grads[k], lr, beta, state[k] if state else x, C, local_steps, state is not None)
+            for k, x in arrays.items()
+        }
     client_state.remember(store, algorithm, t, arrays, local)
     return local, metrics
 
@@ -84,15 +87,15 @@ def local_work(model: np.ndarray, cfg: ConfigRecord, extra: ArrayRecord | None, 
         def grad(x: np.ndarray) -> np.ndarray:
             return two_client_grad(x, mu, problem)
 
-    algorithm = str(cfg[protocol.ALGORITHM])
+    family = registered_algorithm(str(cfg[protocol.ALGORITHM])).family
     steps = int(cfg[protocol.LOCAL_STEPS])
     lr = float(cfg[protocol.CLIENT_LR])
-    if algorithm == "fedavgm":
+    if family == "sgd":
         return fedavgm_client(model, grad, lr, steps)
-    if algorithm == "fedcm":
+    if family == "fedcm":
         correction = extra.to_numpy_ndarrays()[0]
         return fedcm_client(model, grad, lr, float(cfg[protocol.MOMENTUM]), correction, steps)
-    if algorithm in GHBM_FAMILY:
+    if family in ("ghbm", "fedhbm"):
         return ghbm_family_local(cfg, {"0": model}, {"0": grad}, extra, partition_id, steps)[0]["0"]
     return localupdate_client(model, grad, lr, fm.theta_weights(cfg[protocol.THETA], steps))
 
@@ -105,8 +108,9 @@ def train(msg: Message, context: Context) -> Message:
     extra = records.get(protocol.FEDCM_CORRECTION) or records.get(protocol.GHBM_MOMENTUM)
     out = local_work(model, cfg, extra, int(context.node_config["partition-id"]))
     metrics = MetricRecord({protocol.NUM_EXAMPLES: 1, protocol.LOSS_BEFORE: 0.0, protocol.TRAIN_LOSS: 0.0})
-    return Message(RecordDict({protocol.ARRAYS: ArrayRecord([np.asarray(out)]), protocol.METRICS: metrics}),
-                   reply_to=msg)
+    return Message(
+        RecordDict({protocol.ARRAYS: ArrayRecord([np.asarray(out)]), protocol.METRICS: metrics}), reply_to=msg
+    )
 
 
 @app.query()

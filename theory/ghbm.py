@@ -1,4 +1,4 @@
-"""The GHBM family on seed 000's two-client problem (Lemma III.4), through ``strategies.math`` only.
+"""The GHBM family on paper 1's two-client problem (Lemma III.4), through ``strategies.math`` only.
 
 f_1 = mu/2 th^2 + G th at odd rounds, f_2 = mu/2 th^2 - G th at even rounds: cyclic participation with p = 2,
 one client per round. A round of GHBM(tau), LocalGHBM or FedHBM is built from the shared client and server
@@ -17,7 +17,7 @@ States (row 0 is always theta^{t-1}):
   uses m_k = C (a_c - theta_k) with C = 1/2 from t > 2 on.
 
 ``scheduled`` says which step the driver's schedule drives: ``"client"`` (eta_l,t; the server lr is
-``server_lr``, 1 for Table I, so that GHBM(tau = 1) is exactly seed 000's IGD with momentum) or ``"server"``
+``server_lr``, 1 for Table I, so that GHBM(tau = 1) is exactly paper 1's IGD with momentum) or ``"server"``
 (eta_t; the client lr is ``client_lr``).
 """
 
@@ -92,8 +92,9 @@ class GHBMRound:
             local = ghbm_client(theta, grad, client_lr, self.momentum, term, self.local_steps)
             kept = theta  # the received global model becomes the anchor
         else:
-            local = fedhbm_client(theta, grad, client_lr, self.momentum, anchor, self.participation,
-                                  self.local_steps, has)
+            local = fedhbm_client(
+                theta, grad, client_lr, self.momentum, anchor, self.participation, self.local_steps, has
+            )
             kept = local  # the final local model becomes a_c
         new = self._server(theta, local, server_lr)
         return new, np.where(odd, kept, state[1]), np.where(odd, state[2], kept)

@@ -1,4 +1,4 @@
-"""Values printed in seed 000 Tables I and II (theta^T after T = 10^6 iterations), transcribed verbatim.
+"""Values printed in paper 1 Tables I and II (theta^T after T = 10^6 iterations), transcribed verbatim.
 
 These are the *paper's* numbers, used only as the comparison column; every "ours" value is computed.
 Columns of Table I: (G, theta0) in COLUMNS order; left half with momentum (beta = 0.9), right half without.

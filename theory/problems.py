@@ -1,11 +1,11 @@
 """Quadratic problems of both seeds, driven only through ``strategies.math``.
 
-Seed 000 (Lemma III.4): two one-dimensional clients f_1 = mu/2 th^2 + G th (odd rounds) and
+Paper 1 (Lemma III.4): two one-dimensional clients f_1 = mu/2 th^2 + G th (odd rounds) and
 f_2 = mu/2 th^2 - G th (even rounds), cyclic participation with C = 0.5 (one client per round).
 A round of FedAvgM (Eq. 91-92) or FedCM (Eq. 101-102) is built from the shared client and server
 functions; nothing here re-implements an update rule.
 
-Seed 001 (Section 3): clients f_i(x) = 1/2 (x - c_i)^T A_i (x - c_i); LocalUpdate clients (Algorithm 2)
+Paper 2 (Section 3): clients f_i(x) = 1/2 (x - c_i)^T A_i (x - c_i); LocalUpdate clients (Algorithm 2)
 and server (Algorithm 1) again call the shared functions.
 
 All functions accept numpy arrays of any broadcastable shape ("lanes"), so one call advances many
@@ -26,7 +26,7 @@ from strategies import schedules
 ALGORITHMS_000 = ("fedavgm", "fedcm")
 
 
-# --------------------------------------------------------------------------- seed 000 clients
+# --------------------------------------------------------------------------- paper 1 clients
 def client_sign(t: Any) -> Any:
     """+1 at odd t (client 1, f_1 = mu/2 th^2 + G th), -1 at even t (client 2): -(-1)^t (Eq. 119)."""
     return np.where(np.asarray(t) % 2 == 1, 1.0, -1.0)
@@ -86,7 +86,7 @@ class MomentumRound:
 
 
 def fedavgm_client(theta: Any, grad: Callable[[Any], Any], client_lr: Any, local_steps: int) -> Any:
-    """FedAvgM client: J plain gradient steps from theta^{t-1} (seed 000 Eq. 91)."""
+    """FedAvgM client: J plain gradient steps from theta^{t-1} (paper 1 Eq. 91)."""
     local = theta
     for _ in range(local_steps):
         local = fm.sgd_step(local, grad(local), client_lr)
@@ -96,7 +96,7 @@ def fedavgm_client(theta: Any, grad: Callable[[Any], Any], client_lr: Any, local
 def fedcm_client(
     theta: Any, grad: Callable[[Any], Any], client_lr: Any, momentum: Any, correction: Any, local_steps: int
 ) -> Any:
-    """FedCM client: J corrected steps from theta^{t-1} (seed 000 Eq. 101)."""
+    """FedCM client: J corrected steps from theta^{t-1} (paper 1 Eq. 101)."""
     local = theta
     for _ in range(local_steps):
         local = fm.fedcm_local_step(local, grad(local), client_lr, momentum, correction, local_steps)
@@ -137,10 +137,10 @@ def server_lrs(base_lr: Any, schedule: str, param: Any, t: Any) -> Any:
     return schedules.scheduled_lr(base_lr, schedule, param, t)
 
 
-# --------------------------------------------------------------------------- seed 001 clients
+# --------------------------------------------------------------------------- paper 2 clients
 @dataclass(frozen=True)
 class QuadraticClient:
-    """f_i(x) = 1/2 (x - c)^T A (x - c) (seed 001 Section 3); A is (d, d) or a scalar for d = 1."""
+    """f_i(x) = 1/2 (x - c)^T A (x - c) (paper 2 Section 3); A is (d, d) or a scalar for d = 1."""
 
     A: Any
     c: Any
@@ -156,7 +156,7 @@ class QuadraticClient:
 
 
 def localupdate_client(x: Any, grad: Callable[[Any], Any], client_lr: Any, theta: Sequence[Any]) -> Any:
-    """InnerLoop(gamma, Theta) of seed 001 Algorithm 2: q = sum_k Theta_k g_k, x_{k+1} = x_k - gamma g_k.
+    """InnerLoop(gamma, Theta) of paper 2 Algorithm 2: q = sum_k Theta_k g_k, x_{k+1} = x_k - gamma g_k.
 
     ``theta[k]`` may be a scalar or a lane array (several Theta vectors padded with trailing zeros).
     """
@@ -176,7 +176,7 @@ def localupdate_round(
     server_lr: Any,
     theta: Sequence[float],
 ) -> Any:
-    """One LocalUpdate round (seed 001 Algorithm 1): x <- x - eta * mean_i q_i, weights = P(i)."""
+    """One LocalUpdate round (paper 2 Algorithm 1): x <- x - eta * mean_i q_i, weights = P(i)."""
     updates = [[localupdate_client(x, cl.grad, client_lr, theta)] for cl in clients]
     mean = fm.weighted_mean(updates, weights)
     return fm.localupdate_server_update([x], mean, server_lr)[0]

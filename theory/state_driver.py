@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from theory.driver import Schedule, _checkpoints
+from theory.driver import Schedule, checkpoint_rounds
 
 StepFn = Callable[[tuple, Any, Any, Any], tuple]
 
@@ -80,7 +80,7 @@ def run_state_fast(
     chunk: int = 1 << 12,
 ) -> np.ndarray:
     """theta^t (row 0 of the state) at each checkpoint, shape (len(checkpoints), lanes)."""
-    checks = _checkpoints(T, checkpoints)
+    checks = checkpoint_rounds(T, checkpoints)
     state = tuple(np.broadcast_to(np.asarray(s, dtype=float), (schedule.lanes,)).copy() for s in state0)
     out, start = [], 1
     for stop in checks:
@@ -94,7 +94,7 @@ def run_state_loop(
     step: StepFn, schedule: Schedule, state0: Sequence[Any], G: Any, T: int, checkpoints: Sequence[int] | None = None
 ) -> np.ndarray:
     """The plain per-round loop (reference of :func:`run_state_fast`); same output."""
-    checks = _checkpoints(T, checkpoints)
+    checks = checkpoint_rounds(T, checkpoints)
     shape = (schedule.lanes,)
     state = tuple(np.broadcast_to(np.asarray(s, dtype=float), shape).copy() for s in state0)
     G = np.broadcast_to(np.asarray(G, dtype=float), shape)

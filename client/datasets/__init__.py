@@ -1,4 +1,4 @@
-"""Seed 001's federated tasks with natural client partitions, through ``flwr-datasets`` (seed 001 §8, App. C).
+"""Paper 2's federated tasks with natural client partitions, through ``flwr-datasets`` (paper 2 §8, App. C).
 
 ``data.name`` -> task: ``femnist`` (writers), ``shakespeare`` (speaking roles), ``cifar100`` (Reddi et al.'s
 500-client split), ``stackoverflow_nwp`` / ``stackoverflow_tp`` (users). :func:`load_task` returns the cached,
@@ -16,7 +16,7 @@ from client.datacheck import DataSourceError
 from client.datasets.base import NaturalData, TaskSpec, load_natural
 from client.tasks import NATURAL_DATASETS, TASK_MODEL  # noqa: F401 - re-exported
 
-TASK_MODELS = TASK_MODEL  # the model each task is trained with in seed 001 §8 (App. C)
+TASK_MODELS = TASK_MODEL  # the model each task is trained with in paper 2 §8 (App. C)
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,10 @@ def tasks() -> dict[str, TaskSpec]:
     so neither a ClientApp that reads a built cache nor one training CIFAR-10 pays for them."""
     from client.datasets import cifar100, femnist, shakespeare, stackoverflow
 
-    return {s.name: s for s in (femnist.SPEC, shakespeare.SPEC, cifar100.SPEC, stackoverflow.NWP_SPEC,
-                                stackoverflow.TP_SPEC)}
+    return {
+        s.name: s
+        for s in (femnist.SPEC, shakespeare.SPEC, cifar100.SPEC, stackoverflow.NWP_SPEC, stackoverflow.TP_SPEC)
+    }
 
 
 def spec(name: str) -> TaskSpec:
@@ -46,15 +48,17 @@ def spec(name: str) -> TaskSpec:
     return tasks()[name]
 
 
-def load_task(name: str, root: str | None, cache_dir: str | None = None, download: bool = False,
-              seed: int = 0) -> NaturalData:
+def load_task(
+    name: str, root: str | None, cache_dir: str | None = None, download: bool = False, seed: int = 0
+) -> NaturalData:
     """Load (building the cache once per machine) task ``name`` from ``root`` or, when ``root`` is empty and
     ``download`` is true, from its hub copy."""
     return load_natural(spec(name), root or None, cache_dir or None, download, seed)
 
 
-def check_task(name: str, root: str | None, cache_dir: str | None = None, download: bool = False,
-               seed: int = 0) -> TaskSummary:
+def check_task(
+    name: str, root: str | None, cache_dir: str | None = None, download: bool = False, seed: int = 0
+) -> TaskSummary:
     """Validate the source before a run (DataSourceError with one line otherwise).
 
     The first look builds the cache entry (schema, value ranges and partitions are checked while encoding,

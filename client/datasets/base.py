@@ -1,4 +1,4 @@
-"""Natural-partition federated datasets through ``flwr-datasets`` (seed 001 §8 and App. C).
+"""Natural-partition federated datasets through ``flwr-datasets`` (paper 2 §8 and App. C).
 
 A task (:class:`TaskSpec`) names its Hugging Face dataset, the column that identifies a natural client and how
 rows become arrays. Its data come from, in order:
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from client.data import _locked, default_cache_dir
+from client.data import default_cache_dir, locked
 from client.datacheck import DataSourceError
 
 CACHE_VERSION = 1
@@ -140,14 +140,16 @@ def open_source(spec: TaskSpec, root: str | None, download: bool) -> dict[str, A
     if root:
         path = Path(root).expanduser().absolute()
         if not path.exists():
-            raise DataSourceError(f"no local copy of {spec.name} at {path} (a saved Hugging Face dataset or "
-                                  "parquet files)")
+            raise DataSourceError(
+                f"no local copy of {spec.name} at {path} (a saved Hugging Face dataset or parquet files)"
+            )
         try:
             if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
                 loaded = datasets.load_from_disk(str(path))
                 splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-            elif path.suffix == ".csv" or (path.is_dir() and not any(path.rglob("*.parquet"))
-                                           and any(path.rglob("*.csv"))):
+            elif path.suffix == ".csv" or (
+                path.is_dir() and not any(path.rglob("*.parquet")) and any(path.rglob("*.csv"))
+            ):
                 splits = _from_csv(_local_files(path, ".csv"))
             else:
                 files = _local_files(path, ".parquet")
@@ -178,8 +180,11 @@ def _from_parquet(files: list[str]) -> Any:
 
     schema = pq.read_schema(files[0])
     stamp = "|".join(_stamps(files))
-    path = Path(datasets.config.HF_DATASETS_CACHE) / "fedmomentum-parquet" / \
-        f"{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.arrow"
+    path = (
+        Path(datasets.config.HF_DATASETS_CACHE)
+        / "fedmomentum-parquet"
+        / f"{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.arrow"
+    )
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -222,30 +227,40 @@ def _from_csv(files: dict[str, list[str]]) -> dict[str, Any]:
 
 def _download(spec: TaskSpec, download: bool) -> dict[str, Any]:
     if spec.hub_name is None:
-        raise DataSourceError(f"{spec.name} has no published copy to download: give data.root (a local copy in "
-                              f"the schema {dict(spec.columns)})")
+        raise DataSourceError(
+            f"{spec.name} has no published copy to download: give data.root (a local copy in "
+            f"the schema {dict(spec.columns)})"
+        )
     if not download:
         raise DataSourceError(f"no data.root for {spec.name} and data.download is false")
     from flwr_datasets import FederatedDataset
     from flwr_datasets.partitioner import NaturalIdPartitioner
 
+    from server.internals.flower_datasets import split_names
+
     try:  # flwr-datasets downloads every split of the named dataset through datasets.load_dataset
-        fds = FederatedDataset(dataset=spec.hub_name, shuffle=False,
-                               partitioners={"train": NaturalIdPartitioner(partition_by=spec.partition_by)},
-                               **spec.hub_kwargs)
+        fds = FederatedDataset(
+            dataset=spec.hub_name,
+            shuffle=False,
+            partitioners={"train": NaturalIdPartitioner(partition_by=spec.partition_by)},
+            **spec.hub_kwargs,
+        )
         train = fds.load_split("train")  # the download (every split) happens here, on first use
-        return {"train": train, **{s: fds.load_split(s) for s in fds._dataset if s != "train"}}  # noqa: SLF001
+        return {"train": train, **{s: fds.load_split(s) for s in split_names(fds) if s != "train"}}
     except Exception as err:  # offline, unknown name, auth: one line
-        raise DataSourceError(f"could not download {spec.hub_name!r} for {spec.name}: "
-                              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+        raise DataSourceError(
+            f"could not download {spec.hub_name!r} for {spec.name}: "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        ) from None
 
 
 def check_columns(spec: TaskSpec, dataset: Any, where: str) -> None:
     """Every required column is present (names only; values are checked while encoding)."""
     missing = [c for c in spec.columns if c not in dataset.column_names]
     if missing:
-        raise DataSourceError(f"{where} lacks column {missing[0]!r} ({spec.columns[missing[0]]}); it has "
-                              f"{dataset.column_names}")
+        raise DataSourceError(
+            f"{where} lacks column {missing[0]!r} ({spec.columns[missing[0]]}); it has {dataset.column_names}"
+        )
     if len(dataset) == 0:
         raise DataSourceError(f"{where} has no rows")
 
@@ -265,8 +280,9 @@ def _row_batches(spec: TaskSpec, dataset: Any, partitioner: Any | None) -> Itera
     if spec.arrow and hasattr(partitioner, "partition_indices"):
         yield from _arrow_partition_batches(dataset, partitioner)
         return
-    parts = [dataset] if partitioner is None else (partitioner.load_partition(p)
-                                                   for p in range(partitioner.num_partitions))
+    parts = (
+        [dataset] if partitioner is None else (partitioner.load_partition(p) for p in range(partitioner.num_partitions))
+    )
     for part in parts:
         if spec.arrow:
             from client.datasets.arrow_text import batches
@@ -293,8 +309,10 @@ def _arrow_partition_batches(dataset: Any, partitioner: Any) -> Iterator[Any]:
 
 
 def _open(entry: Path, split: str, shapes: Mapping[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
-    return {k: np.lib.format.open_memmap(entry / f".{split}_{k}.npy.tmp", mode="w+", dtype=dtype, shape=shape)
-            for k, (shape, dtype) in shapes.items()}
+    return {
+        k: np.lib.format.open_memmap(entry / f".{split}_{k}.npy.tmp", mode="w+", dtype=dtype, shape=shape)
+        for k, (shape, dtype) in shapes.items()
+    }
 
 
 def _write(out: dict[str, np.ndarray], pos: dict[str, int], arrays: Mapping[str, np.ndarray]) -> None:
@@ -310,8 +328,15 @@ def _write(out: dict[str, np.ndarray], pos: dict[str, int], arrays: Mapping[str,
         pos[k] += len(v)
 
 
-def encode_split(spec: TaskSpec, dataset: Any, n: int, meta: Mapping[str, Any], entry: Path, split: str,
-                 partitioner: Any | None = None) -> None:
+def encode_split(
+    spec: TaskSpec,
+    dataset: Any,
+    n: int,
+    meta: Mapping[str, Any],
+    entry: Path,
+    split: str,
+    partitioner: Any | None = None,
+) -> None:
     """Encode the ``n`` rows of one split into ``<split>_*.npy``; with a ``partitioner``, its partitions' rows in
     partition order (they may leave rows out: a CIFAR-100 copy holds only whole clients).
 
@@ -335,8 +360,10 @@ def check_partitions(spec: TaskSpec, sizes: list[int], ids: list[str]) -> None:
     """Every partition holds an example; DataSourceError naming the first empty one otherwise."""
     empty = [p for p, n in enumerate(sizes) if n == 0]
     if empty:
-        raise DataSourceError(f"{spec.name}: partition {empty[0]} (natural id {ids[empty[0]]!r}) of the train split "
-                              f"has no examples ({len(empty)} of {len(sizes)} partitions are empty)")
+        raise DataSourceError(
+            f"{spec.name}: partition {empty[0]} (natural id {ids[empty[0]]!r}) of the train split "
+            f"has no examples ({len(empty)} of {len(sizes)} partitions are empty)"
+        )
 
 
 def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: int) -> None:
@@ -348,12 +375,16 @@ def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: in
     num = partitioner.num_partitions
     if not num:
         raise DataSourceError(f"{spec.name}: the train split of {len(train)} rows yields no client partition")
-    ids = [str(v) for v in getattr(partitioner, "partition_id_to_natural_id", {}).values()] or \
-        [str(p) for p in range(num)]
+    ids = [str(v) for v in getattr(partitioner, "partition_id_to_natural_id", {}).values()] or [
+        str(p) for p in range(num)
+    ]
     # One partition view at a time: a non-contiguous Dataset.select() holds ~200 KB while it lives (CIFAR-100's
     # 500 views held together: 104 MiB, docs/benchmarks.md); the project's partitioners know their sizes.
-    sizes = [int(n) for n in partitioner.partition_sizes()] if hasattr(partitioner, "partition_sizes") else \
-        [len(partitioner.load_partition(p)) for p in range(num)]
+    sizes = (
+        [int(n) for n in partitioner.partition_sizes()]
+        if hasattr(partitioner, "partition_sizes")
+        else [len(partitioner.load_partition(p)) for p in range(num)]
+    )
     check_partitions(spec, sizes, ids)  # before any encoding
     meta = dict(spec.prepare(train))
     encode_split(spec, train, sum(sizes), meta, entry, "train", partitioner)
@@ -371,22 +402,32 @@ def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: in
 
 def read_entry(spec: TaskSpec, entry: Path) -> NaturalData:
     meta = json.loads((entry / "meta.json").read_text())
-    arrays = {s: {p.name[len(s) + 1 : -4]: np.load(p, mmap_mode="r") for p in sorted(entry.glob(f"{s}_*.npy"))
-                  if p.name != "train_offsets.npy"} for s in meta["num_rows"]}
+    arrays = {
+        s: {
+            p.name[len(s) + 1 : -4]: np.load(p, mmap_mode="r")
+            for p in sorted(entry.glob(f"{s}_*.npy"))
+            if p.name != "train_offsets.npy"
+        }
+        for s in meta["num_rows"]
+    }
     return NaturalData(spec, meta, arrays, np.load(entry / "train_offsets.npy"), entry)
 
 
-def load_natural(spec: TaskSpec, root: str | None, cache_dir: str | None = None, download: bool = False,
-                 seed: int = 0) -> NaturalData:
+def load_natural(
+    spec: TaskSpec, root: str | None, cache_dir: str | None = None, download: bool = False, seed: int = 0
+) -> NaturalData:
     """The task's cache entry, building it first when absent (once per machine, under a lock)."""
     if root and not Path(root).expanduser().exists():
-        raise DataSourceError(f"no local copy of {spec.name} at {Path(root).expanduser().absolute()} (a saved "
-                              "Hugging Face dataset or parquet files)")
-    entry = Path(cache_dir or default_cache_dir()).expanduser().absolute() / \
-        f"{spec.name}-{source_key(spec, root, seed)}"
+        raise DataSourceError(
+            f"no local copy of {spec.name} at {Path(root).expanduser().absolute()} (a saved "
+            "Hugging Face dataset or parquet files)"
+        )
+    entry = (
+        Path(cache_dir or default_cache_dir()).expanduser().absolute() / f"{spec.name}-{source_key(spec, root, seed)}"
+    )
     if not (entry / "meta.json").exists():
         entry.mkdir(parents=True, exist_ok=True)
-        with _locked(entry / ".lock"):
+        with locked(entry / ".lock"):
             if not (entry / "meta.json").exists():
                 build_entry(spec, open_source(spec, root, download), entry, seed)
     return read_entry(spec, entry)

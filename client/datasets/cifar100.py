@@ -1,4 +1,4 @@
-"""Federated CIFAR-100 of Reddi et al. (2021, App. C.2), seed 001 §8: 500 training clients of 100 images.
+"""Federated CIFAR-100 of Reddi et al. (2021, App. C.2), paper 2 §8: 500 training clients of 100 images.
 
 No published Hugging Face copy carries Reddi et al.'s split (TFF ships it as its own files), so it is rebuilt here
 from their description, on ``flwrlabs/cifar100`` (columns ``img``, ``fine_label``, ``coarse_label``), by
@@ -42,8 +42,7 @@ def _arrays(meta: Mapping[str, Any], n: int, dataset: Any) -> dict[str, tuple[tu
 
 def _encode(rows: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, np.ndarray]:
     labels(rows["coarse_label"], "coarse_label", NUM_COARSE)
-    return {"x": decode_column(rows["img"], "img", 32, 3), "y": labels(rows["fine_label"], "fine_label",
-                                                                        NUM_CLASSES)}
+    return {"x": decode_column(rows["img"], "img", 32, 3), "y": labels(rows["fine_label"], "fine_label", NUM_CLASSES)}
 
 
 def _examples(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], augment: bool) -> ImageExamples:
@@ -51,8 +50,13 @@ def _examples(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], augment
 
 
 SPEC = TaskSpec(
-    name="cifar100", hub_name="flwrlabs/cifar100", partition_by="fine_label",
+    name="cifar100",
+    hub_name="flwrlabs/cifar100",
+    partition_by="fine_label",
     columns={"img": "32x32 RGB image", "fine_label": "label in [0, 100)", "coarse_label": "label in [0, 20)"},
-    arrays=_arrays, encode=_encode, examples=_examples, prepare=lambda dataset: {"num_outputs": NUM_CLASSES},
+    arrays=_arrays,
+    encode=_encode,
+    examples=_examples,
+    prepare=lambda dataset: {"num_outputs": NUM_CLASSES},
     partitioner=_partitioner,
 )

@@ -1,4 +1,4 @@
-"""``flwr_datasets``' ``NaturalIdPartitioner`` with index tables of 4 + 8 bytes per row (issue 20 item 6).
+"""``flwr_datasets``' ``NaturalIdPartitioner`` with index tables of 4 + 8 bytes per row.
 
 The parent builds its partition -> rows table from ``np.array(dataset[partition_by])`` (every row's id as a
 fixed-width NumPy unicode string: Shakespeare's 40-odd-character role ids take ~180 bytes a row, twice the
@@ -31,8 +31,9 @@ class ArrowNaturalIdPartitioner(NaturalIdPartitioner):
     def _create_int_partition_id_to_natural_id(self) -> None:
         nulls = self._column().null_count
         if nulls:
-            raise DataSourceError(f"column {self._partition_by!r}: {nulls} of {len(self.dataset)} rows have no "
-                                  "natural id (null)")
+            raise DataSourceError(
+                f"column {self._partition_by!r}: {nulls} of {len(self.dataset)} rows have no natural id (null)"
+            )
         super()._create_int_partition_id_to_natural_id()
 
     def _create_partition_id_to_indices(self) -> None:

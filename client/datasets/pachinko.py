@@ -14,8 +14,15 @@ NUM_CLIENTS, CLIENT_SIZE = 500, 100
 ALPHA, BETA = 0.1, 10.0
 
 
-def pachinko_split(fine: np.ndarray, coarse: np.ndarray, num_clients: int, client_size: int, seed: int,
-                   alpha: float = ALPHA, beta: float = BETA) -> list[np.ndarray]:
+def pachinko_split(
+    fine: np.ndarray,
+    coarse: np.ndarray,
+    num_clients: int,
+    client_size: int,
+    seed: int,
+    alpha: float = ALPHA,
+    beta: float = BETA,
+) -> list[np.ndarray]:
     """Row indices of each client (Reddi et al. 2021, App. C.2); needs num_clients * client_size <= rows."""
     if num_clients * client_size > len(fine):
         raise ValueError(f"{num_clients} clients x {client_size} examples exceed the {len(fine)} rows")
@@ -23,8 +30,10 @@ def pachinko_split(fine: np.ndarray, coarse: np.ndarray, num_clients: int, clien
     fines_of = [np.unique(fine[coarse == c]) for c in range(int(coarse.max()) + 1)]
     pools = {int(f): list(rng.permutation(np.flatnonzero(fine == f))) for f in np.unique(fine)}
     coarse_p = rng.dirichlet(np.full(len(fines_of), alpha), size=num_clients)
-    fine_p = [[rng.dirichlet(np.full(len(fs), beta)) if len(fs) else np.zeros(0) for fs in fines_of]
-              for _ in range(num_clients)]
+    fine_p = [
+        [rng.dirichlet(np.full(len(fs), beta)) if len(fs) else np.zeros(0) for fs in fines_of]
+        for _ in range(num_clients)
+    ]
     alive = {int(f) for f in pools}
     parts = []
     for i in range(num_clients):
@@ -49,8 +58,14 @@ def pachinko_split(fine: np.ndarray, coarse: np.ndarray, num_clients: int, clien
 class PachinkoPartitioner(Partitioner):
     """flwr-datasets Partitioner of Reddi et al.'s CIFAR-100 split (see the module docstring)."""
 
-    def __init__(self, num_partitions: int = NUM_CLIENTS, partition_size: int = CLIENT_SIZE, seed: int = 0,
-                 fine_column: str = "fine_label", coarse_column: str = "coarse_label") -> None:
+    def __init__(
+        self,
+        num_partitions: int = NUM_CLIENTS,
+        partition_size: int = CLIENT_SIZE,
+        seed: int = 0,
+        fine_column: str = "fine_label",
+        coarse_column: str = "coarse_label",
+    ) -> None:
         super().__init__()
         self._num, self._size, self._seed = num_partitions, partition_size, seed
         self._fine, self._coarse = fine_column, coarse_column

@@ -1,9 +1,9 @@
-"""Shakespeare (Caldas et al. 2018, LEAF), seed 001 §8 / App. C: next-character prediction, one natural client
+"""Shakespeare (Caldas et al. 2018, LEAF), paper 2 §8 / App. C: next-character prediction, one natural client
 per speaking role (a character in a play). Hub copy ``flwrlabs/shakespeare`` (LEAF's preprocessing: columns
 ``character_id``, ``x`` = 80 characters, ``y`` = the next character), partitioned by ``character_id``.
 
 Characters map to LEAF's 80-letter alphabet; any other character maps to one out-of-vocabulary id (81 ids).
-The model reads the 80 characters and predicts ``y`` (LEAF's task); TFF's version, which seed 001 used,
+The model reads the 80 characters and predicts ``y`` (LEAF's task); TFF's version, which paper 2 used,
 predicts every position of 80-character chunks with a 90-id vocabulary (Reddi et al. 2021, App. C.3).
 """
 
@@ -56,8 +56,13 @@ def _examples(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], augment
 
 
 SPEC = TaskSpec(
-    name="shakespeare", hub_name="flwrlabs/shakespeare", partition_by="character_id",
+    name="shakespeare",
+    hub_name="flwrlabs/shakespeare",
+    partition_by="character_id",
     columns={"character_id": "string role id", "x": "80 characters", "y": "the next character"},
-    arrays=_arrays, encode=_encode, examples=_examples, prepare=lambda dataset: {"num_outputs": VOCAB_SIZE},
+    arrays=_arrays,
+    encode=_encode,
+    examples=_examples,
+    prepare=lambda dataset: {"num_outputs": VOCAB_SIZE},
     hub_kwargs={"na_filter": False},  # the hub copy is one CSV: no field read as missing (a local CSV copy too)
 )

@@ -1,4 +1,4 @@
-"""Stack Overflow (TFF; Reddi et al. 2021, App. C.4–C.5), seed 001 §8.4: one natural client per user.
+"""Stack Overflow (TFF; Reddi et al. 2021, App. C.4–C.5), paper 2 §8.4: one natural client per user.
 
 No Hugging Face copy of TFF's federated Stack Overflow is published, so ``data.root`` must hold one in TFF's
 schema, one row per post sentence: ``client_id`` (the user), ``tokens`` (space-separated, lower-cased words),
@@ -35,8 +35,12 @@ if TYPE_CHECKING:  # pyarrow is imported only while a cache entry is built (read
 VOCAB_SIZE, NUM_TAGS, SEQ_LEN = 10_000, 500, 20
 PAD, OOV, BOS, EOS = 0, VOCAB_SIZE + 1, VOCAB_SIZE + 2, VOCAB_SIZE + 3
 NWP_OUTPUTS = VOCAB_SIZE + 4
-COLUMNS = {"client_id": "string user id", "tokens": "space-separated words", "title": "question title",
-           "tags": "'|'-separated tags"}
+COLUMNS = {
+    "client_id": "string user id",
+    "tokens": "space-separated words",
+    "title": "question title",
+    "tags": "'|'-separated tags",
+}
 
 
 def _words(rows: pa.Table, with_title: bool) -> Pieces:
@@ -92,8 +96,12 @@ def _tp_ids(rows: pa.Table, meta: Mapping[str, Any]) -> tuple[Pieces, np.ndarray
     from client.datasets import arrow_text as text
 
     words, tags = _words(rows, with_title=True), text.pieces(rows, "tags", "|")
-    return (words, text.lookup(words.values, text.vocabulary(meta, "vocab")),
-            tags, text.lookup(tags.values, text.vocabulary(meta, "tags")))
+    return (
+        words,
+        text.lookup(words.values, text.vocabulary(meta, "vocab")),
+        tags,
+        text.lookup(tags.values, text.vocabulary(meta, "tags")),
+    )
 
 
 def _tp_arrays(meta: Mapping[str, Any], n: int, dataset: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -106,26 +114,50 @@ def _tp_arrays(meta: Mapping[str, Any], n: int, dataset: Any) -> dict[str, tuple
         _, word_ids, _, tag_ids = _tp_ids(rows, meta)
         num_words += int(np.count_nonzero(word_ids >= 0))
         num_tags += int(np.count_nonzero(tag_ids >= 0))
-    return {"words": ((num_words,), np.int16), "words_ptr": ((n + 1,), np.int64),
-            "tags": ((num_tags,), np.int16), "tags_ptr": ((n + 1,), np.int64)}
+    return {
+        "words": ((num_words,), np.int16),
+        "words_ptr": ((n + 1,), np.int64),
+        "tags": ((num_tags,), np.int16),
+        "tags_ptr": ((n + 1,), np.int64),
+    }
 
 
 def _tp_encode(rows: pa.Table, meta: Mapping[str, Any]) -> dict[str, np.ndarray]:
     words, word_ids, tags, tag_ids = _tp_ids(rows, meta)
     known_words, known_tags = word_ids >= 0, tag_ids >= 0
-    return {"words": word_ids[known_words].astype(np.int16), "tags": tag_ids[known_tags].astype(np.int16),
-            "words_ptr": np.bincount(words.row[known_words], minlength=rows.num_rows).astype(np.int64),
-            "tags_ptr": np.bincount(tags.row[known_tags], minlength=rows.num_rows).astype(np.int64)}
+    return {
+        "words": word_ids[known_words].astype(np.int16),
+        "tags": tag_ids[known_tags].astype(np.int16),
+        "words_ptr": np.bincount(words.row[known_words], minlength=rows.num_rows).astype(np.int64),
+        "tags_ptr": np.bincount(tags.row[known_tags], minlength=rows.num_rows).astype(np.int64),
+    }
 
 
 def _tp_examples(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], augment: bool) -> BagOfWordsExamples:
-    return BagOfWordsExamples(arrays["words_ptr"], arrays["words"], arrays["tags_ptr"], arrays["tags"],
-                              VOCAB_SIZE, NUM_TAGS)
+    return BagOfWordsExamples(
+        arrays["words_ptr"], arrays["words"], arrays["tags_ptr"], arrays["tags"], VOCAB_SIZE, NUM_TAGS
+    )
 
 
-NWP_SPEC = TaskSpec(name="stackoverflow_nwp", hub_name=None, partition_by="client_id", columns=COLUMNS,
-                    arrays=_nwp_arrays, encode=_nwp_encode, examples=_nwp_examples,
-                    prepare=lambda dataset: _prepare(dataset, with_title=False), arrow=True)
-TP_SPEC = TaskSpec(name="stackoverflow_tp", hub_name=None, partition_by="client_id", columns=COLUMNS,
-                   arrays=_tp_arrays, encode=_tp_encode, examples=_tp_examples,
-                   prepare=lambda dataset: _prepare(dataset, with_title=True), arrow=True)
+NWP_SPEC = TaskSpec(
+    name="stackoverflow_nwp",
+    hub_name=None,
+    partition_by="client_id",
+    columns=COLUMNS,
+    arrays=_nwp_arrays,
+    encode=_nwp_encode,
+    examples=_nwp_examples,
+    prepare=lambda dataset: _prepare(dataset, with_title=False),
+    arrow=True,
+)
+TP_SPEC = TaskSpec(
+    name="stackoverflow_tp",
+    hub_name=None,
+    partition_by="client_id",
+    columns=COLUMNS,
+    arrays=_tp_arrays,
+    encode=_tp_encode,
+    examples=_tp_examples,
+    prepare=lambda dataset: _prepare(dataset, with_title=True),
+    arrow=True,
+)

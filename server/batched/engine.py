@@ -25,8 +25,10 @@ from client.models import build_model
 from client.train import get_device
 from server.batched.grid import BatchedGrid
 from server.batched.workers import WorkerPool, available_cores
-from server.run import build, quiet
+from server.run import quiet
 from server.run.app import run_experiment
+from server.run.config import RunConfig
+from server.run.data import prepare_data
 
 MEMORY_FRACTION = 0.25  # of the free memory that auto chunks may take
 STACKED_CPU_THREADS = 1  # stacked steps on CPU are many small ops: one thread (docs/benchmarks.md "Engines")
@@ -60,15 +62,22 @@ def bytes_per_client(model_name: str, batch_size: int) -> int:
     backward pass (measured with forward hooks on a 32x32 input), float32."""
     model = build_model(model_name)
     sizes: list[int] = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: sizes.append(out.numel()))
-             for m in model.modules() if not list(m.children())]
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: sizes.append(out.numel()))
+        for m in model.modules()
+        if not list(m.children())
+    ]
     try:
         with torch.no_grad():
             model(torch.zeros(1, 3, 32, 32))
-    except (RuntimeError, ValueError, IndexError):  # another input (seed 001's tasks): activations unknown here
+    except (RuntimeError, ValueError, IndexError):  # another input (paper 2's tasks): activations unknown here
         sizes = []
-        log(WARNING, "engine.chunk_size=auto: %s does not take 3x32x32 images, so the estimate counts its "
-            "parameters only (set engine.chunk_size if stacked rounds run out of memory)", model_name)
+        log(
+            WARNING,
+            "engine.chunk_size=auto: %s does not take 3x32x32 images, so the estimate counts its "
+            "parameters only (set engine.chunk_size if stacked rounds run out of memory)",
+            model_name,
+        )
     finally:
         for hook in hooks:
             hook.remove()
@@ -89,9 +98,13 @@ def make_grid(cfg: dict[str, Any]) -> BatchedGrid:
     """The run's BatchedGrid from ``engine.*`` (``vectorize`` auto → decided per model and device)."""
     e, device = cfg["engine"], device_of(cfg)
     vectorize = e.get("vectorize", "auto")
-    grid = BatchedGrid(int(cfg["num_clients"]), vectorize=None if vectorize == "auto" else bool(vectorize),
-                       chunk_size=chunk_size(cfg, device), device=device,
-                       report_every=float(cfg.get("progress_every", 10)))
+    grid = BatchedGrid(
+        int(cfg["num_clients"]),
+        vectorize=None if vectorize == "auto" else bool(vectorize),
+        chunk_size=chunk_size(cfg, device),
+        device=device,
+        report_every=float(cfg.get("progress_every", 10)),
+    )
     workers = e.get("workers", "auto")
     if workers == "auto":
         workers = available_cores() if device.type == "cpu" else 1
@@ -100,10 +113,12 @@ def make_grid(cfg: dict[str, Any]) -> BatchedGrid:
     return grid
 
 
-def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Run a validated ``cfg`` on the batched engine; returns the run summary."""
+def simulate(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
+    """Run ``cfg`` on the batched engine (a plain dict is validated first); returns the run summary."""
+    run_cfg = RunConfig.of(cfg)
+    cfg = run_cfg.values
     quiet.install()
-    build.prepare_data(cfg)
+    prepare_data(cfg)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     previous = os.environ.get(DEVICE_ENV)
     os.environ[DEVICE_ENV] = device_of(cfg).type  # the ClientApp's code, the evaluator and the workers follow it
@@ -121,7 +136,7 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     if grid.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(grid.device)
     try:
-        summary = run_experiment(grid, cfg, cfg["run_dir"])
+        summary = run_experiment(grid, run_cfg, cfg["run_dir"])
     finally:
         grid.close()
         if previous is None:
@@ -129,7 +144,7 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
         else:
             os.environ[DEVICE_ENV] = previous
         get_device.cache_clear()
-    if grid.device.type == "cuda":  # benchmarks/gpu_check.py reads it
+    if grid.device.type == "cuda":  # checks/gpu_check.py reads it
         summary["peak_cuda_memory_mib"] = torch.cuda.max_memory_allocated(grid.device) / 2**20
         (Path(cfg["run_dir"]) / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -30,10 +30,8 @@ from typing import Any
 
 import torch
 from flwr.app import Context, Error, Message, MessageType, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
 
 from client import app as client_app
 from client import config as C
@@ -41,8 +39,10 @@ from client.examples import ImageExamples
 from client.models import build_model
 from client.stacked import ClientInput, can_stack, stacked_local_train
 from server.batched.workers import WorkerPool
+from server.internals.flower_grid import SUPERLINK_NODE_ID, ErrorCode, set_message_id, set_task_identity
 from strategies import protocol as P
 
+StackedEntry = tuple["BatchedGrid", Message, client_app.TrainJob]  # a train message resolved for stacked training
 NODE_BASE = 1000  # node id of partition 0 (Flower's SuperLink is node 1)
 RUN_ID = 1  # the one run of this process
 
@@ -55,21 +55,35 @@ class BatchedGrid(Grid):
     one (:mod:`server.batched.workers`). ``report_every``: seconds between progress lines.
     """
 
-    def __init__(self, num_nodes: int, vectorize: bool | None = None, chunk_size: int | None = None,
-                 device: torch.device | None = None, report_every: float = 10.0,
-                 reply_filter: Callable[[Message, Message], Message] | None = None, workers: int = 1) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        vectorize: bool | None = None,
+        chunk_size: int | None = None,
+        device: torch.device | None = None,
+        report_every: float = 10.0,
+        reply_filter: Callable[[Message, Message], Message] | None = None,
+        workers: int = 1,
+    ) -> None:
         if num_nodes < 1 or (chunk_size is not None and chunk_size < 1):
             raise ValueError("num_nodes and chunk_size must be >= 1")
         self.vectorize, self.chunk_size, self.report_every = vectorize, chunk_size, report_every
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.contexts = {NODE_BASE + p: Context(run_id=RUN_ID, node_id=NODE_BASE + p, state=RecordDict(), run_config={},
-                                                node_config={"partition-id": p, "num-partitions": num_nodes})
-                         for p in range(num_nodes)}
+        self.contexts = {
+            NODE_BASE + p: Context(
+                run_id=RUN_ID,
+                node_id=NODE_BASE + p,
+                state=RecordDict(),
+                run_config={},
+                node_config={"partition-id": p, "num-partitions": num_nodes},
+            )
+            for p in range(num_nodes)
+        }
         self.workers = WorkerPool(workers) if workers > 1 else None  # CPU processes for one-by-one training
         self.reply_filter = reply_filter  # (reply, message) -> reply: tests tamper with replies on their way back
         self._replies: dict[str, Message] = {}
         self._run: Any = None
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, SUPERLINK_NODE_ID  # as Flower
+        set_task_identity(task_id=1, run_id=RUN_ID, node_id=SUPERLINK_NODE_ID)  # as Flower
         self._round_started: float | None = None
         self._next_report = 0.0
         self.stacked_rounds = 0  # rounds whose clients were trained stacked (for tests and benchmarks)
@@ -82,8 +96,9 @@ class BatchedGrid(Grid):
     def run(self) -> Any:
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -93,7 +108,7 @@ class BatchedGrid(Grid):
         """Compute every message's reply now (a round is one push); returns the message ids."""
         messages = list(messages)
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            set_message_id(msg, uuid.uuid4().hex)
         train = [m for m in messages if m.metadata.message_type == MessageType.TRAIN]
         for msg in messages:
             if msg.metadata.message_type != MessageType.TRAIN:
@@ -127,14 +142,14 @@ class BatchedGrid(Grid):
         the node or the message type is unknown or the handler raises."""
         context = self.contexts.get(msg.metadata.dst_node_id)
         if context is None:
-            return Message(error=Error(ErrorCode.NODE_UNAVAILABLE, f"no node {msg.metadata.dst_node_id}"),
-                           reply_to=msg)
+            return Message(error=Error(ErrorCode.NODE_UNAVAILABLE, f"no node {msg.metadata.dst_node_id}"), reply_to=msg)
         try:
             reply = (handler or self._handler(msg))(msg, context)
             return self.reply_filter(reply, msg) if self.reply_filter else reply
         except Exception as err:  # the ClientApp raised: Flower's reply for that
-            return Message(error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"),
-                           reply_to=msg)
+            return Message(
+                error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"), reply_to=msg
+            )
 
     # ------------------------------------------------------------------ training
     def stacks(self, model: torch.nn.Module) -> bool:
@@ -147,30 +162,39 @@ class BatchedGrid(Grid):
         return self.device.type == "cuda" or not any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 
     def _train(self, messages: list[Message]) -> None:
+        entries = self.prepare_stacked(messages)
+        if entries is None:
+            return
+        size = self.chunk_size or max(len(entries), 1)
+        for start in range(0, len(entries), size):
+            train_stacked(entries[start : start + size], self.device)
+            self._progress(min(start + size, len(entries)), len(entries))
+        self._round_started = None
+        self.stacked_rounds += 1
+
+    def prepare_stacked(self, messages: list[Message]) -> list[StackedEntry] | None:
+        """The round's train messages resolved for stacked training: (this grid, message, job) each. None when the
+        model or the task does not stack: then every message has been answered one by one already. A message whose
+        node is unknown or whose request the client refuses is answered by its handler (with the error)."""
         config = messages[0].content[P.CONFIG]
         if not self.stacks(_architecture(str(config.get(C.MODEL, C.DEFAULTS[C.MODEL])))):
             self._train_one_by_one(messages)
             self._round_started = None
-            return
-        jobs: list[tuple[Message, client_app.TrainJob]] = []
+            return None
+        entries: list[StackedEntry] = []
         for msg in messages:
             context = self.contexts.get(msg.metadata.dst_node_id)
             try:
                 if context is None:
                     raise KeyError(msg.metadata.dst_node_id)
-                jobs.append((msg, client_app.prepare_train(**client_app.train_request(msg, context))))
+                entries.append((self, msg, client_app.prepare_train(**client_app.train_request(msg, context))))
             except Exception:  # unknown node or a request the client refuses: its handler answers with the error
                 self._store(msg, self._call(msg, client_app.train))
-        if not all(isinstance(job.examples, ImageExamples) for _, job in jobs):  # stacked: image tasks only
-            self._train_one_by_one([msg for msg, _ in jobs])
+        if not all(isinstance(job.examples, ImageExamples) for _, _, job in entries):  # stacked: image tasks only
+            self._train_one_by_one([msg for _, msg, _ in entries])
             self._round_started = None
-            return
-        size = self.chunk_size or max(len(jobs), 1)
-        for start in range(0, len(jobs), size):
-            self._train_stacked(jobs[start:start + size])
-            self._progress(min(start + size, len(jobs)), len(jobs))
-        self._round_started = None
-        self.stacked_rounds += 1
+            return None
+        return entries
 
     def _train_one_by_one(self, messages: list[Message]) -> None:
         """The ClientApp's own handler, one client after another; with a worker pool, ``workers`` at a time."""
@@ -208,29 +232,57 @@ class BatchedGrid(Grid):
             log(INFO, "[batched] %d/%d clients done, %.1f s elapsed", done, total, now - self._round_started)
             self._next_report += self.report_every
 
-    def _train_stacked(self, chunk: list[tuple[Message, client_app.TrainJob]]) -> None:
-        """Train ``chunk`` stacked and reply; if that raises, each client through its own handler instead."""
-        first = chunk[0][1]
-        inputs = [ClientInput(lambda examples=job.examples: examples.x, job.examples.y, job.train_cfg, job.initial,
-                              **job.extra, key=_data_key(job)) for _, job in chunk]
-        try:
-            results = stacked_local_train(first.model, inputs, first.examples.mean, first.examples.std, self.device)
-        except Exception:
-            log(WARNING, "[batched] a stacked chunk of %d clients raised; training them one by one:\n%s", len(chunk),
-                traceback.format_exc(limit=3))
-            for msg, _ in chunk:
-                self._store(msg, self._call(msg, client_app.train))
-            return
-        for (msg, job), result in zip(chunk, results):
-            self._store(msg, self._call(msg, lambda m, c, job=job, result=result: client_app.train_reply(
-                m, c, *client_app.finish_train(job, result))))
+
+def train_stacked(chunk: list[StackedEntry], device: torch.device) -> None:
+    """Train ``chunk`` stacked and store each reply in its grid; if that raises, each client through its own handler
+    instead. The entries may come from several grids (the jobs of a stacked sweep) that share the round's settings."""
+    first = chunk[0][2]
+    inputs = [
+        ClientInput(
+            lambda examples=job.examples: examples.x,
+            job.examples.y,
+            job.train_cfg,
+            job.initial,
+            **job.extra,
+            key=_data_key(job),
+        )
+        for _, _, job in chunk
+    ]
+    try:
+        results = stacked_local_train(first.model, inputs, first.examples.mean, first.examples.std, device)
+    except Exception:
+        log(
+            WARNING,
+            "[batched] a stacked chunk of %d clients raised; training them one by one:\n%s",
+            len(chunk),
+            traceback.format_exc(limit=3),
+        )
+        for grid, msg, _ in chunk:
+            grid._store(msg, grid._call(msg, client_app.train))
+        return
+    for (grid, msg, job), result in zip(chunk, results):
+        grid._store(
+            msg,
+            grid._call(
+                msg,
+                lambda m, c, job=job, result=result: client_app.train_reply(
+                    m, c, *client_app.finish_train(job, result)
+                ),
+            ),
+        )
 
 
 def _data_key(job: client_app.TrainJob) -> tuple:
     """What identifies a client's training data across rounds: the dataset and its partition."""
     cfg = job.cfg
-    return (cfg[C.DATASET], str(cfg[C.DATA_ROOT]), int(cfg[C.NUM_PARTITIONS]), str(cfg[C.ALPHA]),
-            int(cfg[C.PARTITION_SEED]), job.train_cfg.partition_id)
+    return (
+        cfg[C.DATASET],
+        str(cfg[C.DATA_ROOT]),
+        int(cfg[C.NUM_PARTITIONS]),
+        str(cfg[C.ALPHA]),
+        int(cfg[C.PARTITION_SEED]),
+        job.train_cfg.partition_id,
+    )
 
 
 @functools.lru_cache(maxsize=8)

@@ -53,8 +53,9 @@ class WorkerPool:
         if size < 2:
             raise ValueError("a worker pool needs at least 2 workers (1 = train in the driver)")
         self.size = size
-        self._pool = ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_init_worker)
+        self._pool = ProcessPoolExecutor(
+            size, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
+        )
 
     def submit(self, request: Mapping[str, Any]) -> Future:
         """Train one client of :func:`client.app.train_request`'s ``request``; the future holds (arrays, metrics)."""

@@ -1,1 +1,1 @@
-"""Convex objectives: the population optimum f* of model=logreg and the pop_gap column (issue 17; docs/convex.md)."""
+"""Convex objectives: the population optimum f* of model=logreg and the pop_gap column (docs/convex.md)."""

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from server.run.config import ConfigError
+from server.run.errors import ConfigError
 
 CONVEX_MODELS = ("logreg",)  # models whose population objective is convex (flower-optimum, eval_gap)
 

@@ -1,10 +1,10 @@
-"""The population objective of the convex model (issue 17), in float64: value, gradient, Hessian-vector product.
+"""The population objective of the convex model, in float64: value, gradient, Hessian-vector product.
 
     f(w) = (1/N) Σ_i f_i(w) + (μ/2) ‖w‖²,   f_i(w) = (1/n_i) Σ_{j ∈ D_i} ℓ(w; x_j, y_j)
 
 with ℓ the cross-entropy of multinomial logistic regression (``model=logreg``: logits W x + b on the normalised
 pixels, no augmentation), D_i the training partition of client i (the Dirichlet split of the run), P uniform over
-the N clients as in seed 001 Eq. 2 — exactly the ``pop_loss`` column of a run (:class:`server.run.build.Evaluator`)
+the N clients as in paper 2 Eq. 2 — exactly the ``pop_loss`` column of a run (:class:`server.run.evaluator.Evaluator`)
 — and μ = ``client.weight_decay`` over *every* parameter (W and b): the clients add μθ to every gradient
 (client/train.py), the gradient of (μ/2)‖θ‖². Written per example, f(w) = Σ_j c_j ℓ_j(w) + (μ/2)‖w‖² with
 c_j = 1 / (N n_{i(j)}); the partitions of this project hold ⌊n/N⌋ or ⌈n/N⌉ examples, so c_j = 1/n (the plain
@@ -33,7 +33,7 @@ FEATURE_CHUNK = 4096  # images converted to float64 at once while building the f
 
 
 def example_weights(parts: Sequence[np.ndarray], num_examples: int) -> np.ndarray:
-    """c_j = 1 / (N n_i) for example j of client i (seed 001 Eq. 2 with P uniform); the c_j sum to 1.
+    """c_j = 1 / (N n_i) for example j of client i (paper 2 Eq. 2 with P uniform); the c_j sum to 1.
 
     Raises ValueError unless the partitions cover every example exactly once (the Dirichlet split does)."""
     weights = np.zeros(num_examples, dtype=np.float64)
@@ -51,8 +51,10 @@ def example_weights(parts: Sequence[np.ndarray], num_examples: int) -> np.ndarra
 def features(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """(n, d) float64 model inputs of uint8 images (n, H, W, 3): the clients' ``prepare_batch`` without augmentation
     (:func:`client.augment.to_tensor` and :func:`client.augment.normalise`) in float64, flattened as the model does."""
-    chunks = [normalise(to_tensor(np.array(x[s:s + FEATURE_CHUNK]), dtype=torch.float64), mean, std).flatten(1)
-              for s in range(0, len(x), FEATURE_CHUNK)]
+    chunks = [
+        normalise(to_tensor(np.array(x[s : s + FEATURE_CHUNK]), dtype=torch.float64), mean, std).flatten(1)
+        for s in range(0, len(x), FEATURE_CHUNK)
+    ]
     return torch.cat(chunks)
 
 
@@ -108,7 +110,7 @@ class PopulationObjective:
         d = self.num_features
         out = torch.zeros(d + 1, d + 1, dtype=torch.float64)
         for s in range(0, len(self.x), FEATURE_CHUNK):
-            x, c = self.x[s:s + FEATURE_CHUNK], self.c[s:s + FEATURE_CHUNK]
+            x, c = self.x[s : s + FEATURE_CHUNK], self.c[s : s + FEATURE_CHUNK]
             cx = x * c[:, None]
             out[:d, :d] += x.T @ cx
             out[:d, d] += cx.sum(0)
@@ -126,7 +128,7 @@ class PopulationObjective:
         return self._at[1], self._at[2]
 
     def value(self, w: np.ndarray) -> float:
-        """f(w) (the population loss of seed 001 Eq. 2 plus (μ/2)‖w‖²)."""
+        """f(w) (the population loss of paper 2 Eq. 2 plus (μ/2)‖w‖²)."""
         _, logp = self._logits(w)
         loss = -torch.dot(self.c, logp.gather(1, self.y[:, None]).squeeze(1))
         return float(loss) + 0.5 * self.mu * float(np.dot(w, w))

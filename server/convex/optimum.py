@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from client.data import Dataset, _locked, default_cache_dir
+from client.data import Dataset, default_cache_dir, locked
 from server.convex.checks import check_convex
 from server.convex.objective import PopulationObjective, example_weights, features
 from server.convex.solver import TOL, solve
-from server.run.config import ConfigError
+from server.run.errors import ConfigError
+from server.run.partitions import client_partitions
 
 CACHE_VERSION = 1
 MATCH = 1e-12  # relative agreement of a cached f* with f recomputed at its w*
@@ -48,27 +49,38 @@ class Optimum:
 
     def record(self) -> dict[str, Any]:
         """The JSON line of ``flower-optimum``."""
-        return {"f_star": self.f_star, "mu": self.mu, "grad_norm": self.grad_norm, "converged": self.converged,
-                "cached": self.cached, "seconds": round(self.seconds, 2),
-                "cpu_seconds": round(self.cpu_seconds, 2), "lbfgs_iterations": self.lbfgs_iterations,
-                "newton_iterations": self.newton_iterations, "cache": str(self.path)}
+        return {
+            "f_star": self.f_star,
+            "mu": self.mu,
+            "grad_norm": self.grad_norm,
+            "converged": self.converged,
+            "cached": self.cached,
+            "seconds": round(self.seconds, 2),
+            "cpu_seconds": round(self.cpu_seconds, 2),
+            "lbfgs_iterations": self.lbfgs_iterations,
+            "newton_iterations": self.newton_iterations,
+            "cache": str(self.path),
+        }
 
 
 def objective(cfg: Mapping[str, Any], ds: Dataset) -> PopulationObjective:
     """The population objective of a validated config's training split (``pop_loss`` + (μ/2)‖w‖²), float64."""
-    from server.run.build import client_partitions  # server.run.build imports this module for its Evaluator
 
     mu = check_convex(cfg, "model")
     weights = example_weights(client_partitions(cfg, ds), len(ds.y_train))
-    return PopulationObjective(features(ds.x_train, ds.mean, ds.std), np.asarray(ds.y_train), weights, mu,
-                               ds.num_classes)
+    return PopulationObjective(
+        features(ds.x_train, ds.mean, ds.std), np.asarray(ds.y_train), weights, mu, ds.num_classes
+    )
 
 
 def cache_path(cfg: Mapping[str, Any], ds: Dataset, obj: PopulationObjective, tol: float = TOL) -> Path:
     """``<data cache dir>/optimum/<key>.npz`` of (data, μ, split weights, tolerance)."""
     key = hashlib.sha256()
-    key.update(json.dumps([CACHE_VERSION, Path(ds.cache_path).name, cfg["model"]["name"], obj.mu.hex(),
-                           float(tol).hex()]).encode())
+    key.update(
+        json.dumps(
+            [CACHE_VERSION, Path(ds.cache_path).name, cfg["model"]["name"], obj.mu.hex(), float(tol).hex()]
+        ).encode()
+    )
     key.update(obj.c.numpy().tobytes())
     root = cfg["data"].get("cache_dir") or default_cache_dir()
     return Path(root).expanduser().absolute() / "optimum" / f"{key.hexdigest()[:20]}.npz"
@@ -99,14 +111,25 @@ def optimum(cfg: Mapping[str, Any], ds: Dataset, obj: PopulationObjective | None
     obj = obj or objective(cfg, ds)
     path = cache_path(cfg, ds, obj, tol)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.with_suffix(".lock")):
+    with locked(path.with_suffix(".lock")):
         found = _load(path, obj, tol)
         if found is not None:
             return found
         LOG.info("Solving for f* (μ = %g, %d examples, %d parameters; docs/convex.md)", obj.mu, len(obj.y), obj.dim)
         sol = solve(obj, tol)
-        result = Optimum(sol.f_star, obj.mu, sol.grad_norm, sol.w, sol.converged, False, path, sol.seconds,
-                         sol.cpu_seconds, sol.lbfgs_iterations, sol.newton_iterations)
+        result = Optimum(
+            sol.f_star,
+            obj.mu,
+            sol.grad_norm,
+            sol.w,
+            sol.converged,
+            False,
+            path,
+            sol.seconds,
+            sol.cpu_seconds,
+            sol.lbfgs_iterations,
+            sol.newton_iterations,
+        )
         if sol.converged:
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, w=sol.w, f_star=sol.f_star, mu=obj.mu, grad_norm=sol.grad_norm)
@@ -115,7 +138,7 @@ def optimum(cfg: Mapping[str, Any], ds: Dataset, obj: PopulationObjective | None
 
 
 class PopulationGap:
-    """``pop_gap`` = f(x^t) − f* of a run (issue 17): f evaluated exactly as f* was (same objective, float64, every
+    """``pop_gap`` = f(x^t) − f* of a run: f evaluated exactly as f* was (same objective, float64, every
     training example, whatever ``eval_train_max_examples``); f* from ``eval_fstar`` or :func:`optimum`."""
 
     def __init__(self, cfg: Mapping[str, Any], ds: Dataset) -> None:
@@ -126,8 +149,10 @@ class PopulationGap:
         else:
             found = optimum(cfg, ds, self.obj)
             if not found.converged:
-                raise ConfigError(f"'eval_gap': the solver stopped at ‖∇f‖ = {found.grad_norm:.3g} > {TOL:g} "
-                                  f"(μ = {found.mu:g}: f* may not be attained); give eval_fstar or μ > 0")
+                raise ConfigError(
+                    f"'eval_gap': the solver stopped at ‖∇f‖ = {found.grad_norm:.3g} > {TOL:g} "
+                    f"(μ = {found.mu:g}: f* may not be attained); give eval_fstar or μ > 0"
+                )
             self.f_star = found.f_star
         LOG.info("pop_gap: f* = %.12g (μ = %g)", self.f_star, self.obj.mu)
 
@@ -140,5 +165,8 @@ class PopulationGap:
         = f(x) − (μ/2)‖x‖² and ``pop_accuracy``: the Evaluator's float32 columns in float64."""
         w = self.obj.flatten(arrays)
         value = self.obj.value(w)
-        return {"pop_loss": value - 0.5 * self.obj.mu * float(np.dot(w, w)),
-                "pop_accuracy": self.obj.accuracy(w), "pop_gap": value - self.f_star}
+        return {
+            "pop_loss": value - 0.5 * self.obj.mu * float(np.dot(w, w)),
+            "pop_accuracy": self.obj.accuracy(w),
+            "pop_gap": value - self.f_star,
+        }

@@ -60,8 +60,8 @@ class Preconditioned:
         self.obj = obj
         lam, self.q = self._eigen(obj)
         delta = obj.mu / CURVATURE + 1e-10 * float(lam.sum()) / (obj.num_features + 1)  # > 0 at μ = 0 too
-        self.root = delta ** -0.5
-        self.inv_root = delta ** 0.5
+        self.root = delta**-0.5
+        self.inv_root = delta**0.5
         self.shrink = (lam + delta).rsqrt() - self.root  # P's correction on the span of Q
         self.grow = (lam + delta).sqrt() - self.inv_root  # P⁻¹'s
         self.scale = float((lam.max() + delta).sqrt())  # ‖P⁻¹‖₂: ‖∇f‖ ≤ scale · ‖∇f̃‖
@@ -83,8 +83,9 @@ class Preconditioned:
 
     def w(self, u: np.ndarray) -> np.ndarray:
         """w(u): rows P u_k."""
-        return self._apply(torch.as_tensor(np.asarray(u, dtype=np.float64)).view(self.obj.num_classes, -1),
-                           self.root, self.shrink)
+        return self._apply(
+            torch.as_tensor(np.asarray(u, dtype=np.float64)).view(self.obj.num_classes, -1), self.root, self.shrink
+        )
 
     def u(self, w: np.ndarray) -> np.ndarray:
         """The inverse of :meth:`w`: rows P⁻¹ w'_k (as u, in the same row layout)."""
@@ -131,8 +132,7 @@ def _polish(pre: Preconditioned, u: np.ndarray, tol: float) -> tuple[np.ndarray,
     return u, POLISH_STEPS
 
 
-def solve(obj: PopulationObjective, tol: float = TOL, w0: np.ndarray | None = None, switch: float = SWITCH
-          ) -> Solution:
+def solve(obj: PopulationObjective, tol: float = TOL, w0: np.ndarray | None = None, switch: float = SWITCH) -> Solution:
     """Minimise ``obj`` from ``w0`` (default 0): preconditioned L-BFGS, then trust-region Newton-CG polishes until
     ‖∇f‖₂ ≤ 10·``tol``, full Newton steps finish to ``tol`` (:func:`_polish`; ``converged`` False when they stall)."""
     threads = torch.get_num_threads()
@@ -148,16 +148,34 @@ def _solve(obj: PopulationObjective, tol: float, w0: np.ndarray | None, switch: 
     start, cpu = time.perf_counter(), time.process_time()
     pre = Preconditioned(obj)
     u = np.zeros(obj.dim) if w0 is None else pre.u(w0)
-    res = minimize(pre.value_grad, u, jac=True, method="L-BFGS-B",
-                   options={"maxiter": LBFGS_MAXITER, "maxcor": 20, "ftol": 0.0, "gtol": switch,
-                            "maxls": 50})
+    res = minimize(
+        pre.value_grad,
+        u,
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": LBFGS_MAXITER, "maxcor": 20, "ftol": 0.0, "gtol": switch, "maxls": 50},
+    )
     u, lbfgs_iterations, newton_iterations = res.x, int(res.nit), 0
-    res = minimize(pre.value, u, jac=pre.grad, hessp=pre.hessp, method="trust-ncg",
-                   options={"gtol": 10 * tol / pre.scale, "maxiter": NEWTON_MAXITER})
+    res = minimize(
+        pre.value,
+        u,
+        jac=pre.grad,
+        hessp=pre.hessp,
+        method="trust-ncg",
+        options={"gtol": 10 * tol / pre.scale, "maxiter": NEWTON_MAXITER},
+    )
     u, newton_iterations = _polish(pre, res.x, tol)
     newton_iterations += int(res.nit)
     w = pre.w(u)
     f_star, grad = obj.value_grad(w)
     grad_norm = float(np.linalg.norm(grad))
-    return Solution(w, float(f_star), grad_norm, grad_norm <= tol, lbfgs_iterations, newton_iterations,
-                    time.perf_counter() - start, time.process_time() - cpu)
+    return Solution(
+        w,
+        float(f_star),
+        grad_norm,
+        grad_norm <= tol,
+        lbfgs_iterations,
+        newton_iterations,
+        time.perf_counter() - start,
+        time.process_time() - cpu,
+    )

@@ -33,8 +33,9 @@ def app_files(root: Path) -> dict[str, Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         rel = here.relative_to(root)
-        dirnames[:] = [d for d in dirnames
-                       if not (here / d).is_symlink() and not spec.match_file(f"{(rel / d).as_posix()}/")]
+        dirnames[:] = [
+            d for d in dirnames if not (here / d).is_symlink() and not spec.match_file(f"{(rel / d).as_posix()}/")
+        ]
         for name in filenames:
             path = (rel / name).as_posix()
             if not (here / name).is_symlink() and not spec.match_file(path):
@@ -44,12 +45,12 @@ def app_files(root: Path) -> dict[str, Path]:
 
 def stage_app(root: str | Path, dest: str | Path) -> Path:
     """Extract the FAB of app directory ``root`` into ``dest`` (replaced) and return ``dest``."""
-    from flwr.cli.build import build_fab_from_files
+    from server.internals.flower_fab import build_fab
 
     dest = Path(dest)
     if dest.exists():
         shutil.rmtree(dest)
-    fab, _ = build_fab_from_files(app_files(Path(root)))
+    fab, _ = build_fab(app_files(Path(root)))
     with zipfile.ZipFile(io.BytesIO(fab)) as archive:
         archive.extractall(dest)
     shutil.rmtree(dest / FAB_INFO_DIR, ignore_errors=True)

@@ -31,16 +31,32 @@ from server.deploy import ownership
 from server.deploy.app_stage import stage_app
 from server.deploy.federation import LOOPBACK, DeployError, Federation, FederationOptions, RunResult
 from server.run import config as config_lib
-from server.run import procs
+from server.run import console, procs
+from server.run import help as cli_help
+from server.run.transport import RUN_CONFIG_KEY
 from strategies.participation import CyclicSchedule, make_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
 NODE_CONFIG_KEY = re.compile(r"[A-Za-z0-9_-]+")  # keys deploy(node_config=...) may add
 RESTART_GRACE = 3.0  # seconds local SuperNodes get to exit after SIGTERM when a memory-state SuperLink restarts
-_OPTION_KEYS = ("host", "address", "fleet_port", "control_port", "superlink", "root_certificates", "tls", "auth",
-                "cert_hosts", "database", "startup_timeout", "stop_timeout", "fast", "poll_interval",
-                "supernode_max_wait")
+_OPTION_KEYS = (
+    "host",
+    "address",
+    "fleet_port",
+    "control_port",
+    "superlink",
+    "root_certificates",
+    "tls",
+    "auth",
+    "cert_hosts",
+    "database",
+    "startup_timeout",
+    "stop_timeout",
+    "fast",
+    "poll_interval",
+    "supernode_max_wait",
+)
 
 
 def options(deploy: dict[str, Any], num_clients: int | None = None) -> FederationOptions:
@@ -55,8 +71,8 @@ def node_threads(cfg: dict[str, Any]) -> int:
     """``node_config`` torch-threads of the SuperNodes spawned here (0: none given, torch's default).
 
     ``deploy.node_threads``: an integer as given; ``auto`` = each node's share of this host's cores,
-    max(1, cores // spawned nodes that train in the same round) (:func:`client.threads.local_share`; issue 16
-    item 7: 4 nodes with torch's default ran 8 busy threads on 2 cores). ``client.torch_threads`` > 0 overrides it.
+    max(1, cores // spawned nodes that train in the same round) (:func:`client.threads.local_share`:
+    4 nodes with torch's default ran 8 busy threads on 2 cores). ``client.torch_threads`` > 0 overrides it.
     """
     value = cfg["deploy"].get("node_threads", "auto")
     if value != "auto":
@@ -69,8 +85,9 @@ def concurrent_local_nodes(cfg: dict[str, Any]) -> int:
     them, or min(k, C*N) under uniform sampling (the config is validated, so the schedule builds)."""
     spawned = int(cfg["deploy"].get("spawn_supernodes", 0) or 0)
     p = cfg["participation"]
-    schedule = make_schedule(p["mode"], int(cfg["num_clients"]), float(p["fraction"]), int(cfg["seed"]),
-                             p.get("groups"))
+    schedule = make_schedule(
+        p["mode"], int(cfg["num_clients"]), float(p["fraction"]), int(cfg["seed"]), p.get("groups")
+    )
     if isinstance(schedule, CyclicSchedule):
         return max(sum(1 for c in group if c < spawned) for group in schedule.groups)
     return min(spawned, schedule.size)
@@ -103,10 +120,19 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     if d.get("auth") and not (d.get("tls") or d.get("root_certificates")):
         raise config_lib.ConfigError("'deploy.auth' needs 'deploy.tls=true' (Flower requires TLS for node auth)")
     if d.get("superlink") is not None and (d.get("tls") or d.get("auth")):
-        raise config_lib.ConfigError("'deploy.tls'/'deploy.auth' configure a spawned SuperLink; for an existing "
-                                     "one set 'deploy.root_certificates' and register nodes with its operator")
-    for key in ("fleet_port", "control_port", "max_restarts", "run_timeout", "startup_timeout", "stop_timeout",
-                "supernode_max_wait"):
+        raise config_lib.ConfigError(
+            "'deploy.tls'/'deploy.auth' configure a spawned SuperLink; for an existing "
+            "one set 'deploy.root_certificates' and register nodes with its operator"
+        )
+    for key in (
+        "fleet_port",
+        "control_port",
+        "max_restarts",
+        "run_timeout",
+        "startup_timeout",
+        "stop_timeout",
+        "supernode_max_wait",
+    ):
         value = d.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise config_lib.ConfigError(f"'deploy.{key}' must be a number >= 0, got {value!r}")
@@ -114,8 +140,9 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll <= 3:
         raise config_lib.ConfigError(f"'deploy.poll_interval' must be in (0, 3] seconds, got {poll!r}")
     threads_value = d.get("node_threads", "auto")
-    if threads_value != "auto" and (isinstance(threads_value, bool) or not isinstance(threads_value, int)
-                                    or threads_value < 0):
+    if threads_value != "auto" and (
+        isinstance(threads_value, bool) or not isinstance(threads_value, int) or threads_value < 0
+    ):
         raise config_lib.ConfigError(f"'deploy.node_threads' must be auto or an integer >= 0, got {threads_value!r}")
     if d.get("database", "auto") not in (True, False, "auto"):
         raise config_lib.ConfigError(f"'deploy.database' must be true, false or auto, got {d['database']!r}")
@@ -128,9 +155,12 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
-           on_start: Callable[[Federation], None] | None = None,
-           node_config: dict[int, dict[str, str]] | None = None) -> RunResult:
+def deploy(
+    cfg: dict[str, Any],
+    on_line: Callable[[str], None] = print,
+    on_start: Callable[[Federation], None] | None = None,
+    node_config: dict[int, dict[str, str]] | None = None,
+) -> RunResult:
     """Validate ``cfg``, start the federation, submit the run (resuming after a SuperLink crash), stop everything.
 
     ``on_start`` is called with the running federation before the first submission (tests use it);
@@ -146,8 +176,10 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
     try:  # what flwr run packs, without walking .venv at every submission (server/deploy/app_stage.py)
         app_dir = stage_app(Path(d.get("app_dir") or ROOT), run_dir / "deploy" / "app")
     except Exception as err:  # no pyproject.toml, a broken one, an unreadable file: before any process starts
-        raise config_lib.ConfigError(f"'deploy.app_dir': cannot pack {d.get('app_dir') or ROOT} as a Flower app: "
-                                     f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        raise config_lib.ConfigError(
+            f"'deploy.app_dir': cannot pack {d.get('app_dir') or ROOT} as a Flower app: "
+            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        ) from None
     opts = options(d, int(cfg["num_clients"]))
     opts.torch_threads = node_threads(cfg)  # what each SuperNode spawned here is told
     fed = Federation(run_dir / "deploy", app_dir, opts)
@@ -166,12 +198,14 @@ def deploy(cfg: dict[str, Any], on_line: Callable[[str], None] = print,
             on_start(fed)
         restarts = 0
         while True:
-            result = fed.submit({"config-b64": config_lib.encode(cfg)}, on_line, float(d.get("run_timeout") or 0))
+            result = fed.submit({RUN_CONFIG_KEY: config_lib.encode(cfg)}, on_line, float(d.get("run_timeout") or 0))
             if result.status != "superlink-lost" or restarts >= int(d.get("max_restarts", 0)):
                 break
             restarts += 1
-            on_line(f"flower-deploy: SuperLink lost (run {result.run_id}); restart {restarts}, "
-                    f"resuming from the last checkpoint in {run_dir}")
+            on_line(
+                f"flower-deploy: SuperLink lost (run {result.run_id}); restart {restarts}, "
+                f"resuming from the last checkpoint in {run_dir}"
+            )
             _restart_superlink(fed)
             cfg["resume"] = True
         return result
@@ -196,15 +230,19 @@ def check_node_config(node_config: dict[int, dict[str, str]] | None, spawned: in
     otherwise, before any process starts."""
     for partition, extra in (node_config or {}).items():
         if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < spawned:
-            raise config_lib.ConfigError(f"node_config: partition {partition!r} has no SuperNode spawned here "
-                                         f"(deploy.spawn_supernodes={spawned})")
+            raise config_lib.ConfigError(
+                f"node_config: partition {partition!r} has no SuperNode spawned here "
+                f"(deploy.spawn_supernodes={spawned})"
+            )
         for key, value in extra.items():
             if not isinstance(key, str) or not NODE_CONFIG_KEY.fullmatch(key):
-                raise config_lib.ConfigError(f"node_config: partition {partition}: key {key!r} must be letters, "
-                                             f"digits, '-' or '_'")
+                raise config_lib.ConfigError(
+                    f"node_config: partition {partition}: key {key!r} must be letters, digits, '-' or '_'"
+                )
             if not isinstance(value, str) or '"' in value:
-                raise config_lib.ConfigError(f"node_config: partition {partition}: value of {key!r} must be a "
-                                             f"string without '\"', got {value!r}")
+                raise config_lib.ConfigError(
+                    f"node_config: partition {partition}: value of {key!r} must be a string without '\"', got {value!r}"
+                )
 
 
 def _set_partition_owners(cfg: dict[str, Any], fed: Federation) -> None:
@@ -242,9 +280,12 @@ def _restart_superlink(fed: Federation) -> None:
 
 def _write_pids(fed: Federation) -> None:
     """<run_dir>/deploy/pids.json: PIDs of the SuperLink and SuperNodes (for operators and tests)."""
-    pids = {"superlink": fed.superlink.pid if fed.superlink else None,
-            "supernodes": {str(k): p.pid for k, p in fed.supernodes.items()},
-            "control_address": fed.control_address, "fleet_address": fed.fleet_address}
+    pids = {
+        "superlink": fed.superlink.pid if fed.superlink else None,
+        "supernodes": {str(k): p.pid for k, p in fed.supernodes.items()},
+        "control_address": fed.control_address,
+        "fleet_address": fed.fleet_address,
+    }
     (fed.workdir / "pids.json").write_text(json.dumps(pids, indent=1))
 
 
@@ -260,11 +301,16 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+cli_help.register()  # the resolvers of the --help template (conf/hydra/help/flower_deploy.yaml)
+
+
+# conf/flower_deploy.yaml: conf/config.yaml with this command's --help
+@hydra.main(config_path=str(CONF_DIR), config_name="flower_deploy", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
     root = logging.getLogger()  # Flower's lines arrive through the stream; keep Hydra's file handler only
     for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
         root.removeHandler(handler)
+    console.quiet_job_log(bool(cfg.get("verbose", False)))  # cli.log without other libraries' chatter
     plain = config_lib.to_plain(cfg)
     plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
     try:
@@ -279,13 +325,16 @@ def _hydra_main(cfg: DictConfig) -> None:
         print("flower-deploy: interrupted; all processes stopped", file=sys.stderr)
         raise SystemExit(130) from None
     if not result.ok:
-        print(f"flower-deploy: run {result.run_id} ended with status {result.status!r}{_failure(plain['run_dir'])} "
-              f"(logs in {plain['run_dir']}/deploy/logs)", file=sys.stderr)
+        print(
+            f"flower-deploy: run {result.run_id} ended with status {result.status!r}{_failure(plain['run_dir'])} "
+            f"(logs in {plain['run_dir']}/deploy/logs)",
+            file=sys.stderr,
+        )
         raise SystemExit(1)
     summary_path = Path(plain["run_dir"]) / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    print(f"flower-deploy: finished run {result.run_id} ({summary.get('rounds')} rounds, accuracy "
-          f"{summary.get('accuracy')}) in {result.seconds:.1f} s, results in {plain['run_dir']}")
+    summary.setdefault("run_dir", plain["run_dir"])
+    print(console.summary_line("flower-deploy", plain, summary, result.seconds, run_id=result.run_id), flush=True)
 
 
 def _failure(run_dir: str) -> str:

@@ -5,7 +5,7 @@ SuperNodes, each owning one data partition (``--node-config "partition-id=i num-
 CLI connection into a private ``$FLWR_HOME/config.toml`` and submits runs with ``flwr run --stream``.
 With ``spawn=False`` it only writes the connection of an existing SuperLink. Every process it starts is
 stopped by PID in :meth:`Federation.stop` (see :mod:`server.run.procs`). Facts about the Flower processes are in
-``/work/shared/notes/flower-1.39.md`` and docs/deploy.md.
+docs/deploy.md.
 
 Security: the SuperLink's Control and Runtime HTTP API (one port) always binds 127.0.0.1 (Flower 1.39's Control
 API authenticates no one); only the Fleet API follows ``host``. The SuperLink runs with ``--isolation process``
@@ -31,15 +31,19 @@ from pathlib import Path
 
 from client import threads
 from server.deploy import flwr_fast, tls
-from server.deploy.control import ControlClient, ControlError
+from server.internals.flower_control import ControlClient, ControlError
 from server.run import procs
 
 CONNECTION = "fedmomentum"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RUN_ID = re.compile(r"Successfully started run (\d+)")
 LOOPBACK = "127.0.0.1"  # the Control/Runtime APIs never leave it
-BASE_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PYTHONUNBUFFERED": "1"}
+BASE_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "PYTHONUNBUFFERED": "1",
+}
 FAST_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"}  # Flower's public knob (default 1 s)
 NODE_BOUND = "Uvicorn running on"  # a SuperNode's log line once its Runtime API holds its port
 START_ATTEMPTS = 3  # starts of a process whose free port another process took first
@@ -110,7 +114,7 @@ class Federation:
         if opts.auth and not (opts.tls or opts.root_certificates):
             raise ValueError("SuperNode authentication needs TLS (deploy.tls=true)")
         self.on_notice: Callable[[str], None] = lambda line: print(line, file=sys.stderr)  # retries, for the user
-        self._control: ControlClient | None = None  # the Control API, from this process (server/deploy/control.py)
+        self._control: ControlClient | None = None  # the Control API, from this process (flower_control)
         self._control_lock = threading.Lock()
         self._pick_superlink_ports()
         self.tls_files = tls.make_tls(self.workdir / "tls", opts.cert_hosts) if self.spawn and opts.tls else None
@@ -124,8 +128,14 @@ class Federation:
         self.cli: list[procs.ManagedProcess] = []
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # flower-superexec etc.
         pythonpath = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        self.env = {**os.environ, **BASE_ENV, **(FAST_ENV if opts.fast else {}), "FLWR_HOME": str(self.flwr_home),
-                    "PATH": path, "PYTHONPATH": pythonpath}  # `-m server.deploy.flwr_fast` is this code
+        self.env = {
+            **os.environ,
+            **BASE_ENV,
+            **(FAST_ENV if opts.fast else {}),
+            "FLWR_HOME": str(self.flwr_home),
+            "PATH": path,
+            "PYTHONPATH": pythonpath,
+        }  # `-m server.deploy.flwr_fast` is this code
         self.secret_file = flwr_fast.write_secret(self.workdir / "secrets" / "superexec.secret") if self.spawn else None
         self.database = self.workdir / "superlink-state.db"
         if self.spawn:  # a new federation starts from an empty state (stale nodes would look online)
@@ -145,16 +155,24 @@ class Federation:
     def _write_connection(self) -> None:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         security = f'root-certificates = "{self.ca_cert}"' if self.ca_cert else "insecure = true"
-        text = f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n' \
-               f'address = "{self.control_address}"\n{security}\n'
+        text = (
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{self.control_address}"\n{security}\n'
+        )
         (self.flwr_home / "config.toml").write_text(text)
 
     def _security_flags(self) -> list[str]:
         if self.tls_files is None:
             return ["--insecure"]
         t = self.tls_files
-        return ["--ssl-ca-certfile", str(t.ca_cert), "--ssl-certfile", str(t.server_cert),
-                "--ssl-keyfile", str(t.server_key)]
+        return [
+            "--ssl-ca-certfile",
+            str(t.ca_cert),
+            "--ssl-certfile",
+            str(t.server_cert),
+            "--ssl-keyfile",
+            str(t.server_key),
+        ]
 
     def start_superlink(self) -> procs.ManagedProcess:
         """Start (or restart) the SuperLink and wait until its HTTP API answers ``/health``."""
@@ -167,9 +185,12 @@ class Federation:
                     proc.kill()
             procs.wait_gone([p for p in (old, old_exec) if p is not None], self.options.stop_timeout)
         for attempt in range(1, START_ATTEMPTS + 1):
-            self.superlink = _restarted(procs.ManagedProcess("superlink", self._superlink_command(),
-                                                             self.log_dir / "superlink.log", self.env,
-                                                             self.workdir).start(), old)
+            self.superlink = _restarted(
+                procs.ManagedProcess(
+                    "superlink", self._superlink_command(), self.log_dir / "superlink.log", self.env, self.workdir
+                ).start(),
+                old,
+            )
             try:
                 self.wait_superlink()
                 break
@@ -177,24 +198,44 @@ class Federation:
                 # a first start whose free port another process took meanwhile: fresh ports (a restart must
                 # keep its ports: the SuperNodes know them)
                 automatic = not (self.options.fleet_port or self.options.control_port)
-                if old is not None or not automatic or attempt == START_ATTEMPTS or self.superlink.alive() \
-                        or not procs.PORT_TAKEN.search(self.superlink.output()):
+                if (
+                    old is not None
+                    or not automatic
+                    or attempt == START_ATTEMPTS
+                    or self.superlink.alive()
+                    or not procs.PORT_TAKEN.search(self.superlink.output())
+                ):
                     raise
-                self.on_notice(f"flower-deploy: the SuperLink's port was taken before it could bind it; starting "
-                               f"it again on other free ports (attempt {attempt + 1} of {START_ATTEMPTS})")
+                self.on_notice(
+                    f"flower-deploy: the SuperLink's port was taken before it could bind it; starting "
+                    f"it again on other free ports (attempt {attempt + 1} of {START_ATTEMPTS})"
+                )
                 self._pick_superlink_ports()
                 self._write_connection()
         self.superexec = _restarted(self._start_superexec(), old_exec)
         return self.superlink
 
     def _superlink_command(self) -> list[str]:
-        launcher = [sys.executable, "-m", "server.deploy.flwr_fast", "superlink"] if self.options.fast else \
-            [procs.executable("flower-superlink")]  # fast: objects in memory, state in the database file
-        cmd = [*launcher, *self._security_flags(),
-               "--fleet-api-address", f"{self.options.host}:{self.fleet_port}",
-               "--host", LOOPBACK, "--port", str(self.control_port),
-               "--disable-runtime-dependency-installation",
-               "--isolation", "process", "--superexec-auth-secret-file", str(self.secret_file)]
+        launcher = (
+            [sys.executable, "-m", "server.deploy.flwr_fast", "superlink"]
+            if self.options.fast
+            else [procs.executable("flower-superlink")]
+        )  # fast: objects in memory, state in the database file
+        cmd = [
+            *launcher,
+            *self._security_flags(),
+            "--fleet-api-address",
+            f"{self.options.host}:{self.fleet_port}",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(self.control_port),
+            "--disable-runtime-dependency-installation",
+            "--isolation",
+            "process",
+            "--superexec-auth-secret-file",
+            str(self.secret_file),
+        ]
         if self.options.auth:
             cmd.append("--enable-supernode-auth")
         if self.options.database:
@@ -205,9 +246,16 @@ class Federation:
         """The SuperLink's SuperExec (``--isolation process``): launches the ServerApp, signs with the secret."""
         assert self.superlink is not None
         security = ["--root-certificates", self.ca_cert] if self.ca_cert else ["--insecure"]
-        cmd = [procs.executable("flower-superexec"), "--runtime-api-address", f"{LOOPBACK}:{self.control_port}",
-               *security, "--superexec-auth-secret-file", str(self.secret_file),
-               "--parent-pid", str(self.superlink.pid)]
+        cmd = [
+            procs.executable("flower-superexec"),
+            "--runtime-api-address",
+            f"{LOOPBACK}:{self.control_port}",
+            *security,
+            "--superexec-auth-secret-file",
+            str(self.secret_file),
+            "--parent-pid",
+            str(self.superlink.pid),
+        ]
         return procs.ManagedProcess("superexec", cmd, self.log_dir / "superexec.log", self.env, self.workdir).start()
 
     def wait_superlink(self, timeout: float | None = None) -> None:
@@ -218,8 +266,7 @@ class Federation:
         url = f"{scheme}://{self.control_address}/health"
         while time.monotonic() < deadline:
             if self.superlink is not None and not self.superlink.alive():
-                raise DeployError(f"SuperLink exited with code {self.superlink.returncode()}:\n"
-                                  f"{self.superlink.tail()}")
+                raise DeployError(f"SuperLink exited with code {self.superlink.returncode()}:\n{self.superlink.tail()}")
             try:
                 with urllib.request.urlopen(url, timeout=2, context=context) as response:
                     if response.status == 200:
@@ -238,15 +285,40 @@ class Federation:
 
         ``security`` holds the TLS/auth flags; the Runtime API stays on 127.0.0.1 on a free port.
         """
-        common = [*security, "--superlink", self.fleet_address, "--max-wait-time", str(self.options.supernode_max_wait),
-                  "--host", LOOPBACK, "--port", str(procs.free_port()), "--node-config", node_config]
+        common = [
+            *security,
+            "--superlink",
+            self.fleet_address,
+            "--max-wait-time",
+            str(self.options.supernode_max_wait),
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(procs.free_port()),
+            "--node-config",
+            node_config,
+        ]
         if not self.options.fast:
             return [procs.executable("flower-supernode"), *common]
-        return [sys.executable, "-m", "server.deploy.flwr_fast", "supernode", "--poll-interval",
-                str(self.options.poll_interval), "--superexec-auth-secret-file", str(self.secret_file), *common]
+        return [
+            sys.executable,
+            "-m",
+            "server.deploy.flwr_fast",
+            "supernode",
+            "--poll-interval",
+            str(self.options.poll_interval),
+            "--superexec-auth-secret-file",
+            str(self.secret_file),
+            *common,
+        ]
 
-    def start_supernode(self, partition_id: int, num_partitions: int, data_root: str | None = None,
-                        extra_node_config: dict[str, str] | None = None) -> None:
+    def start_supernode(
+        self,
+        partition_id: int,
+        num_partitions: int,
+        data_root: str | None = None,
+        extra_node_config: dict[str, str] | None = None,
+    ) -> None:
         """Start the SuperNode of ``partition_id`` (restart it when it exists; same key, same node ID) and wait
         until it holds its Runtime API port (:meth:`confirm_supernodes`).
 
@@ -255,8 +327,13 @@ class Federation:
         self._launch_supernode(partition_id, num_partitions, data_root, extra_node_config)
         self.confirm_supernodes([partition_id])
 
-    def _launch_supernode(self, partition_id: int, num_partitions: int, data_root: str | None = None,
-                          extra_node_config: dict[str, str] | None = None) -> None:
+    def _launch_supernode(
+        self,
+        partition_id: int,
+        num_partitions: int,
+        data_root: str | None = None,
+        extra_node_config: dict[str, str] | None = None,
+    ) -> None:
         self.num_partitions, self.data_root = num_partitions, data_root
         if extra_node_config is not None:
             self.extra_node_config[partition_id] = dict(extra_node_config)
@@ -273,8 +350,13 @@ class Federation:
         old = self.supernodes.get(partition_id)
         if old is not None and old.alive():
             raise RuntimeError(f"SuperNode {partition_id} is still running")
-        proc = procs.ManagedProcess(f"supernode-{partition_id}", self.supernode_command(node_config, security),
-                                    self.log_dir / f"supernode-{partition_id}.log", self.env, self.workdir).start()
+        proc = procs.ManagedProcess(
+            f"supernode-{partition_id}",
+            self.supernode_command(node_config, security),
+            self.log_dir / f"supernode-{partition_id}.log",
+            self.env,
+            self.workdir,
+        ).start()
         self.supernodes[partition_id] = _restarted(proc, old)
 
     def restart_supernodes(self, partitions: Iterable[int]) -> None:
@@ -299,15 +381,20 @@ class Federation:
                     del pending[partition]
                 elif state != "starting":
                     if state == "exited" or attempt == START_ATTEMPTS:
-                        raise DeployError(f"{proc.name} exited with code {proc.returncode()} while starting:\n"
-                                          f"{proc.tail()}")
-                    self.on_notice(f"flower-deploy: {proc.name}'s port was taken before it could bind it; starting "
-                                   f"it again on another free port (attempt {attempt + 1} of {START_ATTEMPTS})")
+                        raise DeployError(
+                            f"{proc.name} exited with code {proc.returncode()} while starting:\n{proc.tail()}"
+                        )
+                    self.on_notice(
+                        f"flower-deploy: {proc.name}'s port was taken before it could bind it; starting "
+                        f"it again on another free port (attempt {attempt + 1} of {START_ATTEMPTS})"
+                    )
                     self._launch_supernode(partition, self.num_partitions, self.data_root)
                     pending[partition] = attempt + 1
             if pending and time.monotonic() > deadline:
-                raise DeployError(f"SuperNodes {sorted(pending)} did not start within "
-                                  f"{self.options.startup_timeout:.0f} s (deploy.startup_timeout)")
+                raise DeployError(
+                    f"SuperNodes {sorted(pending)} did not start within "
+                    f"{self.options.startup_timeout:.0f} s (deploy.startup_timeout)"
+                )
             if pending:
                 time.sleep(0.05)
 
@@ -376,8 +463,14 @@ class Federation:
 
     def flwr(self, *args: str, check: bool = True, timeout: float = 60.0) -> str:
         """Run a ``flwr`` CLI command against this federation; returns stdout."""
-        res = subprocess.run([procs.executable("flwr"), *args], env=self.env, cwd=self.workdir, capture_output=True,
-                             text=True, timeout=timeout)
+        res = subprocess.run(
+            [procs.executable("flwr"), *args],
+            env=self.env,
+            cwd=self.workdir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and res.returncode != 0:
             raise DeployError(f"flwr {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
         return res.stdout
@@ -389,8 +482,9 @@ class Federation:
         except ControlError:
             return ""
 
-    def submit(self, run_config: dict[str, str], on_line: Callable[[str], None] = print,
-               timeout: float | None = None) -> RunResult:
+    def submit(
+        self, run_config: dict[str, str], on_line: Callable[[str], None] = print, timeout: float | None = None
+    ) -> RunResult:
         """``flwr run <app> --stream -c ...``: stream the run's log lines to ``on_line`` until it ends.
 
         Returns early (status "superlink-lost") when the spawned SuperLink dies, or "timeout".
@@ -400,8 +494,17 @@ class Federation:
         proc = procs.ManagedProcess("flwr-run", cmd, self.log_dir / "flwr-run.log", self.env, self.workdir)
         self.cli.append(proc)
         t0 = time.monotonic()
-        proc.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      env=self.env, cwd=self.workdir, start_new_session=True, text=True, bufsize=1)
+        proc.popen = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            cwd=self.workdir,
+            start_new_session=True,
+            text=True,
+            bufsize=1,
+        )
         proc.pids.add(proc.pid)
         proc.pgids.add(proc.pid)
         lines: queue.Queue[str | None] = queue.Queue()

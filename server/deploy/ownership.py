@@ -77,12 +77,15 @@ def check(cfg: dict[str, Any]) -> dict[str, int] | None:
     path = d.get("partition_keys")
     if path is None:
         if d.get("auth") and spawned < n:
-            raise ConfigError(f"'deploy.auth=true' with spawn_supernodes={spawned} < num_clients={n}: give "
-                              f"'{KEY}' (a file mapping partitions {spawned}..{n - 1} to their SuperNodes' keys)")
+            raise ConfigError(
+                f"'deploy.auth=true' with spawn_supernodes={spawned} < num_clients={n}: give "
+                f"'{KEY}' (a file mapping partitions {spawned}..{n - 1} to their SuperNodes' keys)"
+            )
         return None
     if not remote and not d.get("auth"):
-        raise ConfigError(f"'{KEY}' needs 'deploy.auth=true': without SuperNode authentication a node can "
-                          "register any public key")
+        raise ConfigError(
+            f"'{KEY}' needs 'deploy.auth=true': without SuperNode authentication a node can register any public key"
+        )
     owners = parse_keys_file(path, n, spawned)
     missing = sorted(set(range(spawned, n)) - set(owners.values()))
     if missing:

@@ -34,8 +34,10 @@ class ClusterSummary:
     num_actors: int  # ClientApp actors Flower will place, summed over nodes
 
     def describe(self) -> str:
-        return (f"Ray cluster at {self.address}: {self.num_nodes} nodes, {self.num_cpus:g} CPUs, "
-                f"{self.num_gpus:g} GPUs, {self.num_actors} ClientApp actors; data.root readable on every node")
+        return (
+            f"Ray cluster at {self.address}: {self.num_nodes} nodes, {self.num_cpus:g} CPUs, "
+            f"{self.num_gpus:g} GPUs, {self.num_actors} ClientApp actors; data.root readable on every node"
+        )
 
 
 def resolve_address(address: str | None) -> str | None:
@@ -54,15 +56,17 @@ def _auto_address() -> tuple[str, str]:
     env = os.environ.get("RAY_ADDRESS", "")
     if env and env not in ("auto", "local"):
         return env, "RAY_ADDRESS"
-    from ray._common.utils import get_ray_address_file
+    from server.internals.ray_cluster import ray_address_file
 
-    path = get_ray_address_file(None)
+    path = ray_address_file()
     try:
         with open(path) as handle:
             return handle.read().strip(), path
     except OSError:
-        raise ConfigError(f"'backend.address' = auto but no Ray cluster was started here: neither RAY_ADDRESS "
-                          f"nor {path} names one (start one with `ray start --head`)") from None
+        raise ConfigError(
+            f"'backend.address' = auto but no Ray cluster was started here: neither RAY_ADDRESS "
+            f"nor {path} names one (start one with `ray start --head`)"
+        ) from None
 
 
 def _probe(address: str, origin: str) -> None:
@@ -74,8 +78,9 @@ def _probe(address: str, origin: str) -> None:
             pass
     except OSError as err:
         stale = f" (a stale {origin} left by a stopped cluster?)" if origin != "backend.address" else ""
-        raise ConfigError(f"'backend.address': no Ray cluster answers at {address} from {origin}{stale}: "
-                          f"{err.strerror or err}") from None
+        raise ConfigError(
+            f"'backend.address': no Ray cluster answers at {address} from {origin}{stale}: {err.strerror or err}"
+        ) from None
 
 
 def driver_pythonpath() -> str:
@@ -84,29 +89,38 @@ def driver_pythonpath() -> str:
     return f"{path}{os.pathsep}{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else path
 
 
-def inspect_cluster(address: str, cfg: dict[str, Any], client_resources: Callable[[bool], dict[str, float]]
-                    ) -> ClusterSummary:
+def inspect_cluster(
+    address: str, cfg: dict[str, Any], client_resources: Callable[[bool], dict[str, float]]
+) -> ClusterSummary:
     """Connect, count nodes and actors, run the data check on every node, disconnect.
 
     ``client_resources(gpus_visible)`` gives one client's Ray resources once the cluster's GPUs are known.
     """
     import ray
-    from flwr.simulation.ray_transport.ray_actor import pool_size_from_resources
 
-    ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}},
-             logging_level=logging.WARNING, log_to_driver=False)
+    from server.internals.ray_cluster import flower_actor_pool_size
+
+    ray.init(
+        address=address,
+        runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}},
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources")]
         num_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
         resources = client_resources(num_gpus > 0)
         try:
-            num_actors = pool_size_from_resources(resources)  # Flower's own per-node count
+            num_actors = flower_actor_pool_size(resources)  # Flower's own per-node count
         except ValueError:
-            raise ConfigError(f"'backend.num_cpus'/'backend.num_gpus': no node of the cluster at {address} fits "
-                              f"one client with {client_resources}") from None
+            raise ConfigError(
+                f"'backend.num_cpus'/'backend.num_gpus': no node of the cluster at {address} fits "
+                f"one client with {client_resources}"
+            ) from None
         _check_nodes(nodes, cfg["data"])
-        return ClusterSummary(address, len(nodes), sum(n["Resources"].get("CPU", 0) for n in nodes), num_gpus,
-                              num_actors)
+        return ClusterSummary(
+            address, len(nodes), sum(n["Resources"].get("CPU", 0) for n in nodes), num_gpus, num_actors
+        )
     finally:
         ray.shutdown()
 
@@ -116,20 +130,25 @@ def _check_nodes(nodes: list[dict[str, Any]], data: dict[str, Any]) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0, max_retries=0)(node_report)
-    refs = {n["NodeManagerAddress"] + " " + n["NodeID"][:8]:
-            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-            .remote(data["name"], data["root"], data.get("cache_dir"))
-            for n in nodes}
+    refs = {
+        n["NodeManagerAddress"] + " " + n["NodeID"][:8]: task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(data["name"], data["root"], data.get("cache_dir"))
+        for n in nodes
+    }
     for node, ref in refs.items():
         try:
             key, error = ray.get(ref, timeout=NODE_CHECK_TIMEOUT)
         except Exception as err:  # the task could not run there: fedmomentum missing, node lost, timeout
-            raise ConfigError(f"'backend.address': node {node} could not run the data check "
-                              f"({type(err).__name__}: {str(err).strip().splitlines()[-1]}); install fedmomentum "
-                              "at the same path on every node") from None
+            raise ConfigError(
+                f"'backend.address': node {node} could not run the data check "
+                f"({type(err).__name__}: {str(err).strip().splitlines()[-1]}); install fedmomentum "
+                "at the same path on every node"
+            ) from None
         if error:
-            raise ConfigError(f"'{key}' on node {node}: {error} (every node needs the data at the same path, "
-                              "or a shared file system)")
+            raise ConfigError(
+                f"'{key}' on node {node}: {error} (every node needs the data at the same path, or a shared file system)"
+            )
 
 
 def node_report(name: str, root: str, cache_dir: str | None) -> tuple[str, str]:
@@ -141,7 +160,7 @@ def node_report(name: str, root: str, cache_dir: str | None) -> tuple[str, str]:
     except datacheck.DataSourceError as err:
         return "data.cache_dir", str(err)
     try:
-        if name in NATURAL_DATASETS:  # seed 001's tasks: the cache the actors read (built here if missing)
+        if name in NATURAL_DATASETS:  # paper 2's tasks: the cache the actors read (built here if missing)
             from client import datasets
 
             datasets.check_task(name, root, cache_dir, download=False)

@@ -20,15 +20,15 @@ from typing import Any
 
 from server.ray import cluster as ray_cluster
 from server.ray import leftovers as ray_leftovers
-from server.run import build, quiet
 from server.run import config as config_lib
-from server.run.config import CONF_DIR  # noqa: F401 - re-exported for tests and scripts
+from server.run import quiet
+from server.run.config import CONF_DIR, RunConfig  # noqa: F401 - CONF_DIR re-exported for tests and scripts
+from server.run.data import prepare_data
 
 AUTO_CLIENTS_PER_GPU = 4
 
 
-def backend_config(cfg: dict[str, Any], address: str | None = None, gpus_visible: bool | None = None
-                   ) -> dict[str, Any]:
+def backend_config(cfg: dict[str, Any], address: str | None = None, gpus_visible: bool | None = None) -> dict[str, Any]:
     """Ray resources: per-ClientApp ``num_cpus``/``num_gpus`` and ``ray.init`` arguments.
 
     ``address`` is a resolved cluster address (None: ``"local"``, a fresh local Ray whatever ``RAY_ADDRESS``
@@ -57,18 +57,20 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Validate, then run ``cfg`` in Flower's Ray simulation; returns the run summary."""
-    cfg = config_lib.validate(cfg)
+def simulate(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
+    """Run ``cfg`` in Flower's Ray simulation (a plain dict is validated first); returns the run summary."""
+    run_cfg = RunConfig.of(cfg)
+    cfg = run_cfg.values
     quiet.install()
-    build.prepare_data(cfg)
+    prepare_data(cfg)
     address = ray_cluster.resolve_address(cfg.get("backend", {}).get("address"))
     if address is None:
         _check_local_resources(cfg)
         backend = backend_config(cfg)
     else:
         cluster = ray_cluster.inspect_cluster(
-            address, cfg, lambda gpus_visible: backend_config(cfg, address, gpus_visible)["client_resources"])
+            address, cfg, lambda gpus_visible: backend_config(cfg, address, gpus_visible)["client_resources"]
+        )
         backend = backend_config(cfg, address, gpus_visible=cluster.num_gpus > 0)
         _log(cluster.describe())
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -76,19 +78,19 @@ def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     from client.app import app as client_app
-    from server.ray import gil as ray_gil
-    from server.ray import linkstate as ray_linkstate
+    from server.internals import flower_link_state as ray_linkstate
+    from server.internals import ray_port_wait as ray_gil
     from server.run.app import make_server_app
 
-    ray_gil.install()  # a signal during ray.init must not leave the GIL held for 30 s (server/ray/gil.py)
-    ray_linkstate.install()  # a node's messages found without scanning every node's (server/ray/linkstate.py)
+    ray_gil.install()  # a signal during ray.init must not leave the GIL held for 30 s (internals.ray_port_wait)
+    ray_linkstate.install()  # a node's messages found without scanning every node's (internals.flower_link_state)
 
     result: dict[str, Any] = {}
     # a local Ray's processes end with the run, whatever their interpreters still do (server/ray/leftovers.py)
     owned = ray_leftovers.owned_processes(log=_log) if address is None else contextlib.nullcontext()
     with owned:
         run_simulation(
-            server_app=make_server_app(cfg, result),
+            server_app=make_server_app(run_cfg, result),
             client_app=client_app,
             num_supernodes=int(cfg["num_clients"]),
             backend_name="ray",
@@ -118,5 +120,7 @@ def _check_local_resources(cfg: dict[str, Any]) -> None:
         raise config_lib.ConfigError(f"'backend.num_gpus'={want_gpus} is more than backend.init_num_gpus")
     cpus = int(b["init_num_cpus"]) if b.get("init_num_cpus") is not None else (os.cpu_count() or 1)
     if float(b.get("num_cpus", 1)) > cpus:
-        raise config_lib.ConfigError(f"'backend.num_cpus'={b.get('num_cpus')} is more than the {cpus} CPUs Ray "
-                                     "gets here (backend.init_num_cpus or all cores)")
+        raise config_lib.ConfigError(
+            f"'backend.num_cpus'={b.get('num_cpus')} is more than the {cpus} CPUs Ray "
+            "gets here (backend.init_num_cpus or all cores)"
+        )

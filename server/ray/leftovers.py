@@ -46,8 +46,10 @@ def owned_processes(grace: float = GRACE, log: Callable[[str], None] | None = No
             os.environ[RUN_VAR] = previous
         killed = end_processes(token, grace)
         if killed and log is not None:
-            log(f"Ray: {len(killed)} process(es) of this run still running {grace:g} s after it ended, killed "
-                f"(pids {', '.join(map(str, killed))}; Ray actors finalising their interpreter)")
+            log(
+                f"Ray: {len(killed)} process(es) of this run still running {grace:g} s after it ended, killed "
+                f"(pids {', '.join(map(str, killed))}; Ray actors finalising their interpreter)"
+            )
 
 
 def end_processes(token: str, grace: float) -> list[int]:
@@ -84,4 +86,3 @@ def carrying(token: str) -> list[int]:
             if marker in b"\0" + environ + b"\0":
                 found.append(int(entry))
     return found
-

@@ -1,10 +1,10 @@
-"""``flower-report --compare KEY=A KEY=B``: paired differences over seeds (issue 17 part 3; :mod:`server.report.stats`).
+"""``flower-report --compare KEY=A KEY=B``: paired differences over seeds (:mod:`server.report.stats`).
 
 For every combination of the other swept keys, the runs with KEY=A and KEY=B are matched by seed and compared on
 the final value and the last-K mean of the metric (and with ``--amplitude`` the oscillation amplitude,
 :mod:`server.report.oscillation`): d_s = B_s − A_s, their mean, 95 % CI and the paired t-test p-value; with
 ``--ratio`` also r_s = B_s / A_s, their geometric mean and its 95 % CI (the t interval of log r), which is what a
-claim "x ∝ η" predicts (seed 000 Lemma III.4: the amplitude halves with the client lr).
+claim "x ∝ η" predicts (paper 1 Lemma III.4: the amplitude halves with the client lr).
 ``--compare KEY=A KEY=B KEY=C ...`` compares every later value against A. The other swept keys that have one value
 on each side (e.g. each method's own tuned learning rates) go with KEY and do not split the pairs;
 ``--pair-by KEY2 ...`` names the keys that do instead.
@@ -59,8 +59,7 @@ def parse(specs: Sequence[str], runs: Sequence[Run], swept: Sequence[str]) -> tu
     values = {normalise(r.params.get(key)) for r in runs}
     for value in (a, *bs):
         if normalise(value) not in values:
-            raise ReportError(f"--compare: no run has {key}={value} (values: "
-                              f"{', '.join(sorted(map(str, values)))})")
+            raise ReportError(f"--compare: no run has {key}={value} (values: {', '.join(sorted(map(str, values)))})")
     return key, a, bs
 
 
@@ -68,8 +67,7 @@ def pair_keys(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str
     """The swept keys other than ``key`` that split the pairs: those with more than one value on side A or B
     (a key with one value per side, e.g. a method's own tuned learning rate, belongs to the compared value)."""
     sides = [[r for r in runs if normalise(r.params.get(key)) == normalise(v)] for v in (a, b)]
-    return [k for k in keys if k != key
-            and any(len({normalise(r.params.get(k)) for r in side}) > 1 for side in sides)]
+    return [k for k in keys if k != key and any(len({normalise(r.params.get(k)) for r in side}) > 1 for side in sides)]
 
 
 def _by_seed(runs: Sequence[Run], side: str) -> dict:
@@ -93,9 +91,18 @@ def _ratio(pairs: Sequence[tuple[float, float]]) -> Ratio | None:
     return paired_ratio(*zip(*pairs)) if all(va > 0 and vb > 0 for va, vb in pairs) else None
 
 
-def compare(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str, metric: str, last: int,
-            pair_by: Sequence[str] | None = None, amplitude: Amplitude | None = None,
-            ratio: bool = False) -> list[Comparison]:
+def compare(
+    runs: Sequence[Run],
+    keys: Sequence[str],
+    key: str,
+    a: str,
+    b: str,
+    metric: str,
+    last: int,
+    pair_by: Sequence[str] | None = None,
+    amplitude: Amplitude | None = None,
+    ratio: bool = False,
+) -> list[Comparison]:
     """Paired comparisons of B against A on ``metric`` (final value and last-``last`` mean, and the oscillation
     amplitude when given), one per combination of the pairing keys (``pair_by``, default :func:`pair_keys`);
     with ``ratio`` also the paired ratios B / A."""
@@ -117,13 +124,16 @@ def compare(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str, 
         runs_a, runs_b = _by_seed(sides["a"], f"{key}={a} ({where})"), _by_seed(sides["b"], f"{key}={b} ({where})")
         if set(runs_a) != set(runs_b):
             only = sorted(set(runs_a) ^ set(runs_b), key=sort_key)
-            raise ReportError(f"--compare: unmatched seeds in {where}: {key}={a} has seeds "
-                              f"{sorted(runs_a, key=sort_key)}, {key}={b} has {sorted(runs_b, key=sort_key)} "
-                              f"(only one side: {only})")
+            raise ReportError(
+                f"--compare: unmatched seeds in {where}: {key}={a} has seeds "
+                f"{sorted(runs_a, key=sort_key)}, {key}={b} has {sorted(runs_b, key=sort_key)} "
+                f"(only one side: {only})"
+            )
         seeds = sorted(runs_a, key=sort_key)
         if len(seeds) < 2:
-            raise ReportError(f"--compare: {where} has {len(seeds)} seed(s); a paired CI needs at least 2 "
-                              f"(sweep {AVERAGED}=0,1,...)")
+            raise ReportError(
+                f"--compare: {where} has {len(seeds)} seed(s); a paired CI needs at least 2 (sweep {AVERAGED}=0,1,...)"
+            )
         comparison = Comparison(group, seeds, list(KINDS if amplitude else KINDS[:2]))
         for kind in comparison.kinds:
             pairs, dropped = [], []
@@ -131,8 +141,14 @@ def compare(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str, 
                 va, vb = (_value(r[s], kind, metric, last, amplitude) for r in (runs_a, runs_b))
                 (pairs.append((va, vb)) if va is not None and vb is not None else dropped.append(s))
             comparison.results[kind] = paired(*zip(*pairs)) if len(pairs) >= 2 else None
-            notes = [f"seeds {dropped} left out (a run diverged, did not finish or lacks "
-                     f"{metric if kind != 'amplitude' else amplitude[0]})"] if dropped else []
+            notes = (
+                [
+                    f"seeds {dropped} left out (a run diverged, did not finish or lacks "
+                    f"{metric if kind != 'amplitude' else amplitude[0]})"
+                ]
+                if dropped
+                else []
+            )
             if ratio and len(pairs) >= 2:
                 comparison.ratios[kind] = _ratio(pairs)
                 notes += [] if comparison.ratios[kind] else ["no ratio: a value ≤ 0"]
@@ -149,8 +165,11 @@ def _cell(result: Paired | None) -> list[str]:
 
 
 def _ratio_cell(result: Ratio | None) -> list[str]:
-    return ["—", "—"] if result is None else [f"{result.mean:.4g} [{result.low:.4g}, {result.high:.4g}]",
-                                             f"{result.p:.3g}"]
+    return (
+        ["—", "—"]
+        if result is None
+        else [f"{result.mean:.4g} [{result.low:.4g}, {result.high:.4g}]", f"{result.p:.3g}"]
+    )
 
 
 def _label(kind: str, metric: str, last: int, amplitude: Amplitude | None) -> str:
@@ -159,24 +178,51 @@ def _label(kind: str, metric: str, last: int, amplitude: Amplitude | None) -> st
     return f"{metric} final" if kind == "final" else f"{metric} last {last}"
 
 
-def markdown(comparisons: Sequence[Comparison], key: str, a: str, b: str, metric: str, last: int,
-             amplitude: Amplitude | None = None, ratio: bool = False) -> list[str]:
+def markdown(
+    comparisons: Sequence[Comparison],
+    key: str,
+    a: str,
+    b: str,
+    metric: str,
+    last: int,
+    amplitude: Amplitude | None = None,
+    ratio: bool = False,
+) -> list[str]:
     """The report.md section: one row per group and kind."""
     others = list(comparisons[0].group) if comparisons else []
-    columns = others + ["seeds", "value", "mean d ± CI", "t", "p"] + (["ratio b/a [95 % CI]", "p (ratio = 1)"]
-                                                                      if ratio else []) + ["note"]
-    lines = ["", f"## Paired comparison: {key}={b} − {key}={a}", "",
-             f"Per seed d = {metric}({key}={b}) − {metric}({key}={a}), the same seed on both sides; mean ± 95 % CI "
-             f"half-width (Student t, n − 1 dof), t statistic and two-sided paired t-test p-value (H0: E[d] = 0)."
-             + (" Ratio: per seed r = b / a; the geometric mean of r and the 95 % CI of the t interval of log r, "
-                "exponentiated; p of the paired t-test on log r (H0: ratio 1)." if ratio else ""), "",
-             f"| {' | '.join(columns)} |", f"|{'---|' * len(columns)}"]
+    columns = (
+        others
+        + ["seeds", "value", "mean d ± CI", "t", "p"]
+        + (["ratio b/a [95 % CI]", "p (ratio = 1)"] if ratio else [])
+        + ["note"]
+    )
+    lines = [
+        "",
+        f"## Paired comparison: {key}={b} − {key}={a}",
+        "",
+        f"Per seed d = {metric}({key}={b}) − {metric}({key}={a}), the same seed on both sides; mean ± 95 % CI "
+        f"half-width (Student t, n − 1 dof), t statistic and two-sided paired t-test p-value (H0: E[d] = 0)."
+        + (
+            " Ratio: per seed r = b / a; the geometric mean of r and the 95 % CI of the t interval of log r, "
+            "exponentiated; p of the paired t-test on log r (H0: ratio 1)."
+            if ratio
+            else ""
+        ),
+        "",
+        f"| {' | '.join(columns)} |",
+        f"|{'---|' * len(columns)}",
+    ]
     for c in comparisons:
         for kind in c.kinds:
             n = c.results[kind].n if c.results[kind] else 0
-            cells = [*c.group.values(), f"{n} of {len(c.seeds)}", _label(kind, metric, last, amplitude),
-                     *_cell(c.results[kind]), *(_ratio_cell(c.ratios.get(kind)) if ratio else []),
-                     c.notes.get(kind, "")]
+            cells = [
+                *c.group.values(),
+                f"{n} of {len(c.seeds)}",
+                _label(kind, metric, last, amplitude),
+                *_cell(c.results[kind]),
+                *(_ratio_cell(c.ratios.get(kind)) if ratio else []),
+                c.notes.get(kind, ""),
+            ]
             lines.append(f"| {' | '.join(cells)} |")
     return lines
 
@@ -187,8 +233,25 @@ def write_csv(path: Path, by_b: dict[str, Sequence[Comparison]], key: str, a: st
     of every B in one ``group`` column (KEY=VALUE; ...)."""
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["group", "key", "a", "b", "value", "n", "mean_diff", "ci95", "t", "p",
-                         "ratio", "ratio_low", "ratio_high", "ratio_p", "note"])
+        writer.writerow(
+            [
+                "group",
+                "key",
+                "a",
+                "b",
+                "value",
+                "n",
+                "mean_diff",
+                "ci95",
+                "t",
+                "p",
+                "ratio",
+                "ratio_low",
+                "ratio_high",
+                "ratio_p",
+                "note",
+            ]
+        )
         for b, comparisons in by_b.items():
             for c in comparisons:
                 group = "; ".join(f"{k}={v}" for k, v in c.group.items())
@@ -196,5 +259,16 @@ def write_csv(path: Path, by_b: dict[str, Sequence[Comparison]], key: str, a: st
                     r, q = c.results[kind], c.ratios.get(kind)
                     stats = ["", "", "", ""] if r is None else [repr(r.mean), repr(r.ci), repr(r.t), repr(r.p)]
                     ratios = ["", "", "", ""] if q is None else [repr(q.mean), repr(q.low), repr(q.high), repr(q.p)]
-                    writer.writerow([group, key, a, b, f"last{last}" if kind == "last" else kind,
-                                     r.n if r else 0, *stats, *ratios, c.notes.get(kind, "")])
+                    writer.writerow(
+                        [
+                            group,
+                            key,
+                            a,
+                            b,
+                            f"last{last}" if kind == "last" else kind,
+                            r.n if r else 0,
+                            *stats,
+                            *ratios,
+                            c.notes.get(kind, ""),
+                        ]
+                    )

@@ -1,7 +1,7 @@
 """Run-directory outputs: per-round metrics (CSV + JSONL, written as produced), plots, multi-run figures.
 
 ``flower-plot`` aggregates several run directories (e.g. a Hydra multirun over seeds)
-into mean +/- std curves per group of any per-round column (test accuracy: seed 000 Figure 1).
+into mean +/- std curves per group of any per-round column (test accuracy: paper 1 Figure 1).
 """
 
 from __future__ import annotations
@@ -19,13 +19,33 @@ from typing import Any
 import numpy as np
 
 COLUMNS = (
-    "round", "accuracy", "loss", "server_lr", "client_lr", "seconds", "train_loss", "loss_before",
-    "num_selected", "num_replies", "num_rejected", "num_failures", "num_skipped", "update_norm", "client_update_norm",
-    "pop_loss", "pop_accuracy",
+    "round",
+    "accuracy",
+    "loss",
+    "server_lr",
+    "client_lr",
+    "seconds",
+    "train_loss",
+    "loss_before",
+    "num_selected",
+    "num_replies",
+    "num_rejected",
+    "num_failures",
+    "num_skipped",
+    "update_norm",
+    "client_update_norm",
+    "pop_loss",
+    "pop_accuracy",
     "elapsed",
-    "num_refused", "num_reassigned", "num_silent",
+    "num_refused",
+    "num_reassigned",
+    "num_silent",
     "pop_gap",
-    "avg_accuracy", "avg_loss", "avg_pop_loss", "avg_pop_accuracy", "avg_pop_gap",  # eval_average: mean of last W
+    "avg_accuracy",
+    "avg_loss",
+    "avg_pop_loss",
+    "avg_pop_accuracy",
+    "avg_pop_gap",  # eval_average: mean of last W
 )
 
 
@@ -93,13 +113,31 @@ def plot_run(run_dir: Path | str) -> list[Path]:
     rows = read_metrics(run_dir)
     out = []
     panels = [
-        ("accuracy.png", [("accuracy", "test accuracy"), ("pop_accuracy", "population train accuracy"),
-                          ("avg_accuracy", "test accuracy, mean of the last W models")], "accuracy"),
-        ("loss.png", [("loss", "test loss"), ("train_loss", "train loss"), ("loss_before", "loss before training"),
-                      ("pop_loss", "population train loss f(x)")], "loss"),
+        (
+            "accuracy.png",
+            [
+                ("accuracy", "test accuracy"),
+                ("pop_accuracy", "population train accuracy"),
+                ("avg_accuracy", "test accuracy, mean of the last W models"),
+            ],
+            "accuracy",
+        ),
+        (
+            "loss.png",
+            [
+                ("loss", "test loss"),
+                ("train_loss", "train loss"),
+                ("loss_before", "loss before training"),
+                ("pop_loss", "population train loss f(x)"),
+            ],
+            "loss",
+        ),
         ("lr.png", [("server_lr", "server lr"), ("client_lr", "client lr")], "learning rate"),
-        ("norm.png", [("update_norm", "||aggregated update||"), ("client_update_norm", "mean client ||update||")],
-         "L2 norm"),
+        (
+            "norm.png",
+            [("update_norm", "||aggregated update||"), ("client_update_norm", "mean client ||update||")],
+            "L2 norm",
+        ),
     ]
     for name, series, ylabel in panels:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -139,8 +177,13 @@ def plot_gap(rows: list[dict[str, Any]], path: Path) -> Path | None:
     if (ya > 0).any():  # eval_average: f at the mean of the last W server models
         ax.plot(xa[ya > 0], ya[ya > 0], "--", marker="." if len(xa) < 50 else None, label="f(mean of last W) − f*")
     if not positive.all():
-        ax.plot(x[~positive], np.full((~positive).sum(), y[positive].min() if positive.any() else 1e-12), "v",
-                color="grey", label="≤ 0 (at f* to rounding)")
+        ax.plot(
+            x[~positive],
+            np.full((~positive).sum(), y[positive].min() if positive.any() else 1e-12),
+            "v",
+            color="grey",
+            label="≤ 0 (at f* to rounding)",
+        )
     ax.set_yscale("log")
     ax.set_xlabel("round")
     ax.set_ylabel("population gap f(x) − f*")
@@ -166,8 +209,9 @@ def _group_label(run_dir: Path, keys: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-def aggregate_runs(run_dirs: Sequence[Path | str], group_by: Sequence[str],
-                   metric: str = "accuracy") -> dict[str, dict[str, np.ndarray]]:
+def aggregate_runs(
+    run_dirs: Sequence[Path | str], group_by: Sequence[str], metric: str = "accuracy"
+) -> dict[str, dict[str, np.ndarray]]:
     """Per group: rounds where every run of the group has ``metric``, its mean and std, number of runs."""
     groups: dict[str, list[dict[int, float]]] = defaultdict(list)
     for run_dir in map(Path, run_dirs):
@@ -207,9 +251,15 @@ def _legend_labels(labels: Sequence[str]) -> dict[str, str]:
     return {label: ", ".join(f"{k.rsplit('.', 1)[-1]}={p[k]}" for k in varying) for label, p in zip(labels, parts)}
 
 
-def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, group_by: Sequence[str], title: str = "",
-              metric: str = "accuracy", log: bool = False) -> Path:
-    """Mean +/- std of ``metric`` (test accuracy: seed 000 Figure 1) vs round, one curve per group; ``log``: log y."""
+def plot_runs(
+    run_dirs: Sequence[Path | str],
+    out: Path | str,
+    group_by: Sequence[str],
+    title: str = "",
+    metric: str = "accuracy",
+    log: bool = False,
+) -> Path:
+    """Mean +/- std of ``metric`` (test accuracy: paper 1 Figure 1) vs round, one curve per group; ``log``: log y."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -242,13 +292,17 @@ def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, group_by: Sequenc
 def plot_main(argv: Sequence[str] | None = None) -> None:
     """``flower-plot RUN_DIR... [--out PNG] [--group-by KEY ...] [--metric COLUMN] [--log]``: multi-run curves of a
     metrics.csv column (test accuracy by default), mean +/- std over the runs of each group."""
-    parser = argparse.ArgumentParser(prog="flower-plot", description=plot_main.__doc__)
+    parser = argparse.ArgumentParser(prog="flower-plot", description=plot_main.__doc__.replace("``", ""))
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (or a multirun folder)")
     parser.add_argument("--out", type=Path, default=None, help="PNG path (default <metric>_mean_std.png)")
     parser.add_argument("--metric", default="accuracy", help="a metrics.csv column, e.g. pop_gap or client_lr")
     parser.add_argument("--log", action="store_true", help="log-scale y axis (pop_gap, learning rates)")
-    parser.add_argument("--group-by", nargs="+", default=["strategy.name", "strategy.momentum", "model.name"],
-                        help="config keys that name a curve; runs differing only in other keys (seed) are averaged")
+    parser.add_argument(
+        "--group-by",
+        nargs="+",
+        default=["strategy.name", "strategy.momentum", "model.name"],
+        help="config keys that name a curve; runs differing only in other keys (seed) are averaged",
+    )
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
     if args.metric not in COLUMNS[1:]:

@@ -1,4 +1,4 @@
-"""Amplitude of the period-p oscillation of a metric over the last cycles (issue 17 part 4; seed 000 Lemma III.4).
+"""Amplitude of the period-p oscillation of a metric over the last cycles (paper 1 Lemma III.4).
 
 Under cyclic participation with p groups (p = 1/C) the model sees the same p client groups in turn, so f(x^t)
 oscillates with period p around its floor; Lemma III.4 predicts an amplitude ∝ η_l G. With rounds evaluated every
@@ -16,11 +16,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from server.report.runs import FINISHED, Config, ReportError, Run
-from server.report.stats import summarise
+from server.report.stats import format_summary, summarise
 
 
-def cycle_amplitude(rounds: np.ndarray, values: np.ndarray, period: int, cycles: int | None = None
-                    ) -> tuple[float, int]:
+def cycle_amplitude(
+    rounds: np.ndarray, values: np.ndarray, period: int, cycles: int | None = None
+) -> tuple[float, int]:
     """(mean of max − min over the last ``cycles`` full cycles, number of cycles used); all full cycles at the end
     of the series (the run of consecutive evaluated rounds that ends at its last round) when ``cycles`` is None.
     Raises ValueError when there is no full cycle or fewer than ``cycles``."""
@@ -40,8 +41,10 @@ def cycle_amplitude(rounds: np.ndarray, values: np.ndarray, period: int, cycles:
         spans.append(max(window) - min(window))
         c -= 1
     if not spans:
-        raise ValueError(f"no full cycle of {period} consecutive evaluated rounds at the end (last round {last}; "
-                         "evaluate every round there: eval_tail)")
+        raise ValueError(
+            f"no full cycle of {period} consecutive evaluated rounds at the end (last round {last}; "
+            "evaluate every round there: eval_tail)"
+        )
     if cycles is not None and len(spans) < cycles:
         raise ValueError(f"only {len(spans)} full cycle(s) of {period} evaluated rounds at the end, --cycles {cycles}")
     return float(np.mean(spans)), len(spans)
@@ -102,15 +105,21 @@ def amplitudes(configs: Sequence[Config], metric: str, period: int | None, cycle
 
 def markdown(configs: Sequence[Config], keys: Sequence[str], metric: str, info: dict) -> list[str]:
     """The report.md section "Oscillation amplitude"."""
-    from server.report.sweep import _fmt
-
     periods = ", ".join(map(str, info["period"])) or "—"
     cycles = ", ".join(map(str, info["cycles"])) or "—"
-    lines = ["", f"## Oscillation amplitude of {metric}", "",
-             f"Per run: the mean over its last full participation cycles (period p = {periods} rounds; cycles used: "
-             f"{cycles}) of max − min of `{metric}` within the cycle, rounds evaluated every round (eval_tail); "
-             "mean ± 95 % CI over seeds (seed 000 Lemma III.4: amplitude ∝ η_l G).", "",
-             f"| {' | '.join([*keys, 'runs', f'{metric} amplitude'])} |", f"|{'---|' * (len(keys) + 2)}"]
+    lines = [
+        "",
+        f"## Oscillation amplitude of {metric}",
+        "",
+        f"Per run: the mean over its last full participation cycles (period p = {periods} rounds; cycles used: "
+        f"{cycles}) of max − min of `{metric}` within the cycle, rounds evaluated every round (eval_tail); "
+        "mean ± 95 % CI over seeds (paper 1 Lemma III.4: amplitude ∝ η_l G).",
+        "",
+        f"| {' | '.join([*keys, 'runs', f'{metric} amplitude'])} |",
+        f"|{'---|' * (len(keys) + 2)}",
+    ]
     for c in configs:
-        lines.append(f"| {' | '.join([*(c.values[k] for k in keys), str(len(c.runs)), _fmt(c.stats['amplitude'])])} |")
+        lines.append(
+            f"| {' | '.join([*(c.values[k] for k in keys), str(len(c.runs)), format_summary(c.stats['amplitude'])])} |"
+        )
     return lines

@@ -19,7 +19,7 @@ from server.report.stats import Summary, summarise
 AVERAGED = "seed"  # runs differing only in these keys are the seeds of one configuration
 # Overrides that say where or how a run is stored, never what it computes: not configuration keys, so runs started
 # one by one (each with its own run_dir) still group into configurations of seeds.
-STORAGE_KEYS = ("run_dir", "resume", "checkpoint_every", "data.cache_dir", "plots")
+STORAGE_KEYS = ("run_dir", "resume", "checkpoint_every", "data.cache_dir", "plots", "verbose")
 HORIZON_KEYS = ("num_rounds", "eval_tail_at")  # with --upto T every run is read at T: not configuration keys
 FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES = "finished", "diverged", "incomplete", "no_replies"
 STATUSES = (FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES)
@@ -171,8 +171,11 @@ def fill_defaults(runs: Sequence[Run]) -> None:
     in those others, the default they ran with — its Hydra group choice, else its scalar value in the resolved
     config (e.g. ``participation=uniform`` against runs that kept the preset's cyclic: cyclic vs uniform instead
     of missing vs uniform). A key a run's files do not give stays missing."""
-    keys = [k for k in dict.fromkeys(k for r in runs for k in r.params)
-            if k not in STORAGE_KEYS and not k.startswith("hydra.")]
+    keys = [
+        k
+        for k in dict.fromkeys(k for r in runs for k in r.params)
+        if k not in STORAGE_KEYS and not k.startswith("hydra.")
+    ]
     for run in runs:
         missing = [k for k in keys if k not in run.params]
         if not missing:
@@ -193,8 +196,9 @@ def only(runs: Sequence[Run], specs: Sequence[str]) -> list[Run]:
         if not key or not sep or not value:
             raise ReportError(f"--only takes KEY=VALUE, got '{spec}'")
         if not any(key in r.params for r in runs):
-            raise ReportError(f"--only: no run sets '{key}' (keys: "
-                              f"{', '.join(sorted({k for r in runs for k in r.params}))})")
+            raise ReportError(
+                f"--only: no run sets '{key}' (keys: {', '.join(sorted({k for r in runs for k in r.params}))})"
+            )
         kept = [r for r in kept if normalise(r.params.get(key)) == normalise(value)]
     if not kept:
         raise ReportError(f"--only {' '.join(specs)}: no run matches")
@@ -211,8 +215,12 @@ def upto(runs: Sequence[Run], horizon: int) -> list[Run]:
     out = []
     for run in runs:
         rows = [row for row in run.rows if row["round"] <= horizon]
-        reached = run.status != NO_REPLIES and bool(run.rows) and run.rows[-1]["round"] >= horizon \
+        reached = (
+            run.status != NO_REPLIES
+            and bool(run.rows)
+            and run.rows[-1]["round"] >= horizon
             and (run.status != DIVERGED or (run.last_round or 0) > horizon)
+        )
         status, reason = (FINISHED, "") if reached else (run.status, run.reason)
         if not reached and run.status == FINISHED:
             status, reason = INCOMPLETE, f"ended at round {run.last_round}, before --upto {horizon}"
@@ -225,8 +233,11 @@ def upto(runs: Sequence[Run], horizon: int) -> list[Run]:
 def swept_keys(runs: Sequence[Run]) -> list[str]:
     """Override keys whose (normalised) value is not the same in every run, in first-seen order (storage keys,
     :data:`STORAGE_KEYS` and ``hydra.*``, excepted)."""
-    keys = [k for k in dict.fromkeys(k for r in runs for k in r.params)
-            if k not in STORAGE_KEYS and not k.startswith("hydra.")]
+    keys = [
+        k
+        for k in dict.fromkeys(k for r in runs for k in r.params)
+        if k not in STORAGE_KEYS and not k.startswith("hydra.")
+    ]
     return [k for k in keys if len({normalise(r.params.get(k)) for r in runs}) > 1]
 
 

@@ -1,4 +1,4 @@
-"""Statistics over seeds for ``flower-report`` (issue 17 part 3): Student-t confidence intervals and paired t-tests.
+"""Statistics over seeds for ``flower-report``: Student-t confidence intervals and paired t-tests.
 
 With n seeds x_1..x_n (independent runs of one configuration), mean x̄ and sample standard deviation
 s = sqrt(Σ (x_i − x̄)² / (n − 1)), the 95 % confidence interval of the expected value is x̄ ± t_{0.975, n−1} s/√n
@@ -95,10 +95,17 @@ class Ratio:
 
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Ratio:
     """The paired ratio b / a (the same seeds, in the same order; every value > 0, n ≥ 2): :func:`paired` of
-    log a and log b, back on the ratio scale. A claim "x ∝ η" predicts the ratio of the η ratio (seed 000
+    log a and log b, back on the ratio scale. A claim "x ∝ η" predicts the ratio of the η ratio (paper 1
     Lemma III.4: the amplitude halves with η_l), which the interval contains or not."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if len(x) and (np.any(~(x > 0)) or np.any(~(y > 0))):
         raise ValueError("a ratio needs values > 0 on both sides")
     d = paired(np.log(x), np.log(y))
     return Ratio(math.exp(d.mean), math.exp(d.mean - d.ci), math.exp(d.mean + d.ci), d.t, d.p, d.n)
+
+
+def format_summary(stat: Summary | None) -> str:
+    """mean ± 95 % CI half-width (n seeds); one seed: the value and n = 1 (no interval)."""
+    if stat is None:
+        return "—"
+    return f"{stat.mean:.4g} (n=1, no CI)" if stat.ci is None else f"{stat.mean:.4g} ± {stat.ci:.2g} (n={stat.n})"

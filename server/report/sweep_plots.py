@@ -36,7 +36,7 @@ def mean_curve(config: Config, metric: str) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def plot_curves(path: Path, configs: Sequence[Config], keys: Sequence[str], metric: str) -> Path:
-    """``metric`` vs round, mean ± 95 % CI over seeds, one curve per configuration (seed 001 Figs. 5 and 8)."""
+    """``metric`` vs round, mean ± 95 % CI over seeds, one curve per configuration (paper 2 Figs. 5 and 8)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for config in configs:
@@ -75,9 +75,10 @@ def _log_band(ax, rounds: np.ndarray, mean: np.ndarray, half: np.ndarray, label:
     return bool((low <= 0).any() or not pos.all())
 
 
-def plot_gap_curves(path: Path, configs: Sequence[Config], keys: Sequence[str], metric: str = "pop_gap",
-                    zoom: int | None = None) -> Path:
-    """Seed 000 Figure 1 style: ``metric`` vs round on a log scale, mean ± 95 % CI over seeds per configuration
+def plot_gap_curves(
+    path: Path, configs: Sequence[Config], keys: Sequence[str], metric: str = "pop_gap", zoom: int | None = None
+) -> Path:
+    """Paper 1 Figure 1 style: ``metric`` vs round on a log scale, mean ± 95 % CI over seeds per configuration
     (left), and the last ``zoom`` rounds (default: the last 10 %) where the period-p oscillation shows (right).
     Values ≤ 0 cannot be drawn on a log scale: means ≤ 0 are marked ▼ on the bottom edge and CI bands that reach
     ≤ 0 are clipped there (the legend says so)."""
@@ -127,9 +128,10 @@ def heatmap_cells(configs: Sequence[Config], grid: Sequence[str], criterion: str
     return xs, ys, cells
 
 
-def plot_heatmap(path: Path, configs: Sequence[Config], grid: Sequence[str], criterion: str, minimize: bool,
-                 last: int) -> Path:
-    """Last-K mean of ``criterion`` over two swept keys (seed 000 Appendix A's grid); when other keys are swept,
+def plot_heatmap(
+    path: Path, configs: Sequence[Config], grid: Sequence[str], criterion: str, minimize: bool, last: int
+) -> Path:
+    """Last-K mean of ``criterion`` over two swept keys (paper 1 Appendix A's grid); when other keys are swept,
     each cell shows the best configuration; cells whose runs diverged or did not finish say so."""
     plt = _pyplot()
     xs, ys, cells = heatmap_cells(configs, grid, criterion, minimize)

@@ -1,4 +1,5 @@
-"""Atomic checkpoints of a run: strategy state (model, previous model, decay state), round, RNG states."""
+"""Atomic checkpoints of a run: strategy state (model, previous model, decay state), round, RNG states; and the
+resume from one (:func:`resume`)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,28 @@ import json
 import os
 import random
 import shutil
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from flwr.common.logger import log
+
+from server.run.errors import ConfigError
+from server.run.window import ModelWindow, split_arrays
 
 CHECKPOINT = "checkpoint"
 
 
-def save(run_dir: Path, server_round: int, strategy_meta: dict[str, Any], arrays: dict[str, np.ndarray],
-         config: dict[str, Any], window: list[int] | None = None) -> Path:
+def save(
+    run_dir: Path,
+    server_round: int,
+    strategy_meta: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+    config: dict[str, Any],
+    window: list[int] | None = None,
+) -> Path:
     """Write <run_dir>/checkpoint atomically (a temporary folder renamed over the old one); ``window``: the rounds
     of the model window whose arrays ``arrays`` holds too (``eval_average``, server/run/window.py)."""
     final = run_dir / CHECKPOINT
@@ -74,3 +86,55 @@ def _jsonable(value: Any) -> Any:
 
 def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+RESUME_KEYS = ("strategy", "model", "num_clients", "participation", "seed")
+# strategy keys added after runs were checkpointed, with the value those runs had (a checkpoint without them resumes)
+LATER_STRATEGY_KEYS = {"client_lr_schedule": "constant", "client_schedule_param": 1.0}
+
+
+def resume_mismatch(saved: dict[str, Any], cfg: dict[str, Any]) -> str | None:
+    """The first key of RESUME_KEYS whose value differs between a checkpoint's config and this run's (None: none)."""
+    for key in RESUME_KEYS:
+        old, new = saved.get(key), cfg.get(key)
+        if key == "strategy" and isinstance(old, dict) and isinstance(new, dict):
+            old, new = {**LATER_STRATEGY_KEYS, **old}, {**LATER_STRATEGY_KEYS, **new}
+        if old != new:
+            return key
+    return None
+
+
+def resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWindow) -> int:
+    """Load the checkpoint into the strategy and the model window; the last completed round (0 when starting
+    fresh)."""
+    loaded = load(run_dir) if cfg.get("resume") else None
+    if loaded is None:
+        if cfg.get("resume"):
+            log(WARNING, "resume=true but %s has no checkpoint: starting from round 1", run_dir)
+        return 0
+    state, arrays = loaded
+    differs = resume_mismatch(state["config"], cfg)
+    if differs:
+        raise ConfigError(f"cannot resume: '{differs}' differs from the checkpoint's run")
+    strategy_arrays, window_arrays = split_arrays(arrays)
+    strategy.load_state_dict(state["strategy"], strategy_arrays)
+    window.load(state.get("window", []), window_arrays)
+    try:
+        window.check(strategy.model_record())
+    except ValueError as err:
+        raise ConfigError(f"cannot resume: {err}") from None
+    if window.size and not window.full() and int(state["round"]) >= window.size:
+        held = (
+            f"the models of rounds {window.rounds} only"
+            if window.rounds
+            else "no model window (a run started without eval_average)"
+        )
+        log(
+            WARNING,
+            "eval_average=%d: the checkpoint holds %s; the averaged columns start once %d consecutive rounds are in",
+            window.size,
+            held,
+            window.size,
+        )
+    log(INFO, "Resuming %s after round %d", run_dir, state["round"])
+    return int(state["round"])

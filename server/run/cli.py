@@ -8,13 +8,16 @@
 ``engine=ray`` (default) runs Flower's Ray simulation (:mod:`server.ray.engine`), ``engine=batched`` computes a
 round's clients together in this process (:mod:`server.batched.engine`). Both run the same ServerApp round loop
 (:func:`server.run.app.run_experiment`); SIGINT/SIGTERM end the run in any phase (:mod:`server.run.stop`).
-Exit codes: 2 invalid configuration or data, 3 diverged, 1 no node answered, 130/143 a signal.
+Exit codes: 2 invalid configuration or data, 3 diverged, 1 no node answered, 130/143 a signal. ``--help``
+prints ``conf/hydra/help/flower_simulation.yaml`` (:mod:`server.run.help`); what the console and the logs show:
+:mod:`server.run.console`.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +25,68 @@ import hydra
 from omegaconf import DictConfig
 
 from server.run import config as config_lib
-from server.run.config import CONF_DIR
+from server.run import console
+from server.run import help as cli_help
+from server.run.config import CONF_DIR, RunConfig
 from server.run.stop import exit_on_signals
+
+cli_help.register()  # the resolvers of the --help template, before Hydra composes
 
 
 def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Validate ``cfg``, then run it on its engine; returns the run summary."""
-    cfg = config_lib.validate(cfg)
-    if config_lib.engine_name(cfg) == "batched":
+    """Validate ``cfg`` (the one validation of a simulated run), then run it on its engine; returns the summary."""
+    run_cfg = RunConfig.from_dict(cfg)
+    if run_cfg.engine == "batched":
         from server.batched.engine import simulate as run_engine
     else:
         from server.ray.engine import simulate as run_engine
-    return run_engine(cfg)
+    return run_engine(run_cfg)
+
+
+def console_to_flower() -> None:
+    """Remove Hydra's console handler of the root logger: Flower logs to the console itself (cli.log stays)."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
+        root.removeHandler(handler)
+
+
+def prepare(cfg: DictConfig) -> dict[str, Any]:
+    """The job's plain config with an absolute ``run_dir``; Hydra's console handler removed (Flower logs to the
+    console itself) and its job log (cli.log) filtered to the console's lines."""
+    console_to_flower()
+    console.quiet_job_log(bool(cfg.get("verbose", False)))
+    plain = config_lib.to_plain(cfg)
+    plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
+    return plain
+
+
+def record_outcome(run_dir: str, status: str, message: str = "") -> None:
+    """Note a multirun job that diverged or failed (for the exit code after the last job) and say so."""
+    if status in ("diverged", "failed"):
+        print(f"flower-simulation: {message}", file=sys.stderr)
+        (FAILED_JOBS if status == "failed" else DIVERGED_JOBS).append(run_dir)
+
+
+def prepare_job(cfg: DictConfig) -> dict[str, Any] | None:
+    """A multirun job's validated config (the stacked launcher's task); None, with the reason in its run dir's
+    status.json and one line on stderr, when it is invalid: the other jobs still run."""
+    plain = prepare(cfg)
+    try:
+        return config_lib.validate(plain)
+    except config_lib.ConfigError as err:
+        from server.run.app import write_status
+
+        Path(plain["run_dir"]).mkdir(parents=True, exist_ok=True)
+        write_status(Path(plain["run_dir"]), "failed", 0, f"invalid configuration: {err}")
+        print(f"flower-simulation: {plain['run_dir']}: invalid configuration: {err}", file=sys.stderr)
+        INVALID_JOBS.append(plain["run_dir"])
+        return None
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
-    root = logging.getLogger()  # Flower logs to the console itself: keep Hydra's file handler only
-    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
-        root.removeHandler(handler)
-    plain = config_lib.to_plain(cfg)
-    plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
+    started = COMMAND_START.pop() if COMMAND_START else time.monotonic()
+    plain = prepare(cfg)
     stopped = f"results so far are in {plain['run_dir']} (resume=true continues from the last checkpoint)"
     try:
         with exit_on_signals(stopped):
@@ -56,19 +100,20 @@ def _hydra_main(cfg: DictConfig) -> None:
         from strategies.client_manager import NoNodesError
 
         if isinstance(err, (DivergenceError, NoNodesError)):
-            print(f"flower-simulation: {err}", file=sys.stderr)
             failed = isinstance(err, NoNodesError)
             if _is_multirun():  # the sweep goes on (status.json says why); exit 3 or 1 after the last job
-                (FAILED_JOBS if failed else DIVERGED_JOBS).append(plain["run_dir"])
+                record_outcome(plain["run_dir"], "failed" if failed else "diverged", str(err))
                 return
+            print(f"flower-simulation: {err}", file=sys.stderr)
             raise SystemExit(1 if failed else 3) from None
         raise
-    print(f"flower-simulation: finished {summary['rounds']} rounds, accuracy {summary['accuracy']}, "
-          f"results in {summary['run_dir']}")
+    print(console.summary_line("flower-simulation", plain, summary, time.monotonic() - started), flush=True)
 
 
+COMMAND_START: list[float] = []  # the first job's wall time counts from the command's start (set by main)
 DIVERGED_JOBS: list[str] = []  # run dirs of the diverged jobs of this multirun
 FAILED_JOBS: list[str] = []  # run dirs of the jobs no node answered (e.g. Ray actors that failed to start)
+INVALID_JOBS: list[str] = []  # run dirs of the stacked launcher's jobs whose config is invalid
 
 
 def _is_multirun() -> bool:
@@ -79,15 +124,33 @@ def _is_multirun() -> bool:
 
 
 def main() -> None:
-    """Console entry point. A multirun runs every job; it exits with 1 when any of them failed (no node
-    answered), else with 3 when any of them diverged."""
+    """Console entry point. A multirun runs every job; it exits with 2 when any of them had an invalid config
+    (stacked launcher), else with 1 when any failed (no node answered), else with 3 when any diverged."""
+    _check_launcher_options(sys.argv[1:])
+    COMMAND_START[:] = [time.monotonic() - console.process_age()]
     _hydra_main()
+    if INVALID_JOBS:
+        print(f"flower-simulation: {len(INVALID_JOBS)} job(s) invalid: {', '.join(INVALID_JOBS)}", file=sys.stderr)
     if FAILED_JOBS:
         print(f"flower-simulation: {len(FAILED_JOBS)} job(s) failed: {', '.join(FAILED_JOBS)}", file=sys.stderr)
     if DIVERGED_JOBS:
         print(f"flower-simulation: {len(DIVERGED_JOBS)} job(s) diverged: {', '.join(DIVERGED_JOBS)}", file=sys.stderr)
-    if FAILED_JOBS or DIVERGED_JOBS:
-        raise SystemExit(1 if FAILED_JOBS else 3)
+    if INVALID_JOBS or FAILED_JOBS or DIVERGED_JOBS:
+        raise SystemExit(2 if INVALID_JOBS else 1 if FAILED_JOBS else 3)
+
+
+def _check_launcher_options(args: list[str]) -> None:
+    """``hydra.launcher.<option>`` of the stacked launcher that it does not have: one line, exit 2."""
+    if "hydra/launcher=stacked" not in args:
+        return
+    from server.stacked import LAUNCHER_OPTIONS as OPTIONS
+
+    for arg in args:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if key.startswith("hydra.launcher.") and key.removeprefix("hydra.launcher.") not in OPTIONS:
+            print(f"flower-simulation: the stacked launcher has no option {key!r} (options: {', '.join(OPTIONS)})",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(2)
 
 
 if __name__ == "__main__":  # python -m server.run.cli: the project on PYTHONPATH without installing it

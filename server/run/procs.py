@@ -78,7 +78,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may contain spaces and parentheses
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may contain spaces and parentheses
     if fields[0] in ("Z", "X"):
         return None
     return int(fields[1]), int(fields[2])
@@ -125,8 +125,15 @@ class ManagedProcess:
             log.write(f"\n$ {' '.join(self.cmd)}\n".encode())
             log.flush()
             self.log_start = log.tell()
-            self.popen = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=self.env, cwd=self.cwd, start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
         self.pgids.add(self.popen.pid)
         self.pids.add(self.popen.pid)
         return self

@@ -11,6 +11,9 @@ While it waits it logs, every ``report_every`` seconds (not per poll)::
 
     [round 3/10] 3/10 clients done, 12.4 s elapsed, run ETA 41 min
 
+to ``run.log``; the console shows the 1st, 2nd, 4th, 8th, … of these lines of a round (a long round keeps
+showing progress, a few lines in all; :mod:`server.run.console`).
+
 The run ETA combines the mean duration of the rounds finished in this process with the current round's
 elapsed time (``begin_round`` tells the grid which round runs).
 """
@@ -25,24 +28,19 @@ from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from server.run import console
+from server.run.console import format_duration
+
 DEFAULT_POLL_INTERVAL = 0.1  # seconds between pulls for replies (Flower's HttpGrid: 3)
 DEFAULT_REPORT_EVERY = 10.0  # seconds between in-round progress lines
-
-
-def format_duration(seconds: float) -> str:
-    """``45 s``, ``41 min`` or ``2.3 h``."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 class ProgressGrid(Grid):
     """Delegating Grid: fast ``send_and_receive`` with in-round progress lines."""
 
-    def __init__(self, grid: Grid, poll_interval: float = DEFAULT_POLL_INTERVAL,
-                 report_every: float = DEFAULT_REPORT_EVERY) -> None:
+    def __init__(
+        self, grid: Grid, poll_interval: float = DEFAULT_POLL_INTERVAL, report_every: float = DEFAULT_REPORT_EVERY
+    ) -> None:
         if poll_interval <= 0 or report_every <= 0:
             raise ValueError("poll_interval and report_every must be > 0")
         self.grid = grid
@@ -73,15 +71,33 @@ class ProgressGrid(Grid):
             return None
         return max(per_round - elapsed, 0.0) + (self.num_rounds - self.server_round) * per_round
 
-    def _report(self, done: int, total: int, started: float, training: bool) -> None:
+    def _report(self, done: int, total: int, started: float, training: bool, to_console: bool = True) -> None:
         elapsed = time.monotonic() - started
+        extra = None if to_console else console.TO_FILE
         if not training:  # e.g. the client manager's partition queries
-            log(INFO, "[round %d/%d] %d/%d nodes answered the partition query, %.1f s elapsed", self.server_round,
-                self.num_rounds, done, total, elapsed)
+            log(
+                INFO,
+                "[round %d/%d] %d/%d nodes answered the partition query, %.1f s elapsed",
+                self.server_round,
+                self.num_rounds,
+                done,
+                total,
+                elapsed,
+                extra=extra,
+            )
             return
         eta = self.run_eta(done, total)
-        log(INFO, "[round %d/%d] %d/%d clients done, %.1f s elapsed, run ETA %s", self.server_round, self.num_rounds,
-            done, total, elapsed, "?" if eta is None else format_duration(eta))
+        log(
+            INFO,
+            "[round %d/%d] %d/%d clients done, %.1f s elapsed, run ETA %s",
+            self.server_round,
+            self.num_rounds,
+            done,
+            total,
+            elapsed,
+            "?" if eta is None else format_duration(eta),
+            extra=extra,
+        )
 
     # ------------------------------------------------------------------ Grid API
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
@@ -94,6 +110,7 @@ class ProgressGrid(Grid):
         end = None if timeout is None else time.time() + timeout
         replies: list[Message] = []
         next_report = started + self.report_every
+        reports = 0
         while end is None or time.time() < end:
             pulled = list(self.grid.pull_messages(pending))
             replies.extend(pulled)
@@ -101,7 +118,9 @@ class ProgressGrid(Grid):
             if not pending:
                 break
             if time.monotonic() >= next_report:
-                self._report(total - len(pending), total, started, training)
+                reports += 1
+                to_console = reports & (reports - 1) == 0  # the 1st, 2nd, 4th, 8th, ... line
+                self._report(total - len(pending), total, started, training, to_console)
                 next_report += self.report_every
             time.sleep(self.poll_interval)
         return replies

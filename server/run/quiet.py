@@ -1,4 +1,4 @@
-"""Known harmless library messages that would otherwise open every run (issue 8 §6).
+"""Known harmless library messages that would otherwise open every run.
 
 Each is dropped by an exact-text filter, so anything else those libraries say still shows:
 

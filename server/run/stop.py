@@ -121,15 +121,35 @@ def _start_guard(wakeup_read: int, notify_write: int, message: str) -> Any:
     wakeup fd itself)."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "server.run.stop_guard", "--parent", str(os.getpid()), "--wakeup-fd", str(wakeup_read),
-           "--notify-fd", str(notify_write), "--grace", str(GUARD_GRACE),
-           "--program", os.path.basename(sys.argv[0]) or "python", "--message", message]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.run.stop_guard",
+        "--parent",
+        str(os.getpid()),
+        "--wakeup-fd",
+        str(wakeup_read),
+        "--notify-fd",
+        str(notify_write),
+        "--grace",
+        str(GUARD_GRACE),
+        "--program",
+        os.path.basename(sys.argv[0]) or "python",
+        "--message",
+        message,
+    ]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     try:
         # own session: a Ctrl-C to the run's process group must not kill the guard while it is starting
-        return subprocess.Popen(cmd, pass_fds=(wakeup_read, notify_write), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, env=env, start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            pass_fds=(wakeup_read, notify_write),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
     except OSError:
         return None
 
@@ -166,8 +186,9 @@ def _exit(signum: int, message: str) -> None:
         os.dup2(devnull, 2)
     # in a thread of its own, bounded, one sweep: reading /proc after killing a child mid-exec was seen to freeze
     # every thread of this process (even timers); the guard process sweeps what is left once this one is gone
-    sweeper = threading.Thread(target=end_descendants, kwargs={"sweeps": 1 if _SPARED else 5},
-                               name="end-descendants", daemon=True)
+    sweeper = threading.Thread(
+        target=end_descendants, kwargs={"sweeps": 1 if _SPARED else 5}, name="end-descendants", daemon=True
+    )
     sweeper.start()
     sweeper.join(timeout=SWEEP_TIMEOUT)
     os._exit(128 + signum)
@@ -189,8 +210,11 @@ def end_descendants(root: int | None = None, sweeps: int = 5) -> list[int]:
     root = os.getpid() if root is None else root
     killed: list[int] = []
     for _ in range(sweeps):
-        tree = [pid for pid in _descendants(root, process_table())
-                if pid not in killed and pid != os.getpid() and pid not in _SPARED]
+        tree = [
+            pid
+            for pid in descendants(root, process_table())
+            if pid not in killed and pid != os.getpid() and pid not in _SPARED
+        ]
         if not tree:
             break
         _send(tree, signal.SIGKILL)
@@ -198,7 +222,8 @@ def end_descendants(root: int | None = None, sweeps: int = 5) -> list[int]:
     return killed
 
 
-def _descendants(root: int, table: Mapping[int, tuple[int, int]]) -> list[int]:
+def descendants(root: int, table: Mapping[int, tuple[int, int]]) -> list[int]:
+    """The PIDs below ``root`` in a process table {pid: (ppid, ...)}."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)

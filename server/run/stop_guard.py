@@ -4,8 +4,8 @@ Inside a process, every way of acting on a signal needs the GIL: the signal modu
 to the wakeup fd, and the thread that reads it (or a timer meant to end the process) runs only when it gets the
 GIL. A main thread blocked in C code that holds the GIL (a native library waiting on a socket, say) therefore
 freezes every in-process remedy (Ray's start-up wait for the GCS port did so for 30 s whenever the GCS died
-first, e.g. of a Ctrl-C; :mod:`server.ray.gil` removes that cause). This guard runs in its own process and reads
-the wakeup fd itself:
+first, e.g. of a Ctrl-C; :mod:`~server.internals.ray_port_wait` removes that cause). This guard runs in its own
+process and reads the wakeup fd itself:
 
 - on SIGINT/SIGTERM it notes the run's process tree and tells the watcher thread of the run (one byte on the
   notify pipe); the run then prints its line, sweeps its tree once and exits with ``128 + signal`` as usual, and
@@ -46,9 +46,9 @@ def force_end(parent: int) -> list[int]:
 
 def _tree(parent: int) -> list[int]:
     from server.run.procs import process_table
-    from server.run.stop import _descendants
+    from server.run.stop import descendants
 
-    return [pid for pid in _descendants(parent, process_table()) if pid != os.getpid()]
+    return [pid for pid in descendants(parent, process_table()) if pid != os.getpid()]
 
 
 def guard(parent: int, wakeup_fd: int, notify_fd: int, grace: float, program: str, message: str) -> None:
@@ -76,8 +76,11 @@ def guard(parent: int, wakeup_fd: int, notify_fd: int, grace: float, program: st
             time.sleep(0.05)
         name = signal.Signals(received[0]).name
         with contextlib.suppress(OSError):
-            os.write(2, f"{program}: stopped by {name}; {message} (forced: the run did not exit within {grace:g} s "
-                        "of the signal)\n".encode())
+            os.write(
+                2,
+                f"{program}: stopped by {name}; {message} (forced: the run did not exit within {grace:g} s "
+                "of the signal)\n".encode(),
+            )
         force_end(parent)
         return
 

@@ -1,8 +1,8 @@
 """The last W server models and their mean (``eval_average``): tail averaging of the global model.
 
-Under cyclic participation the server models oscillate with the participation period p = 1/C (seed 000,
+Under cyclic participation the server models oscillate with the participation period p = 1/C (paper 1,
 Lemma III.4), and the mean of one cycle's models, x̄^r = (1/W) Σ_{s=r−W+1}^{r} x^s with W = p, sits below the
-models themselves on a convex objective (Jensen): docs/convex.md, "Fourteenth session", measured it at 0.63× of
+models themselves on a convex objective (Jensen): docs/findings.md, measured it at 0.63× of
 FedAvg's per-round gap. With ``eval_average=W`` every evaluated round r ≥ W also evaluates x̄^r (``avg_*`` columns),
 the run ends with ``final_model_avg.npz``, and the window travels in the checkpoint so a resumed run computes the
 same means as an uninterrupted one.
@@ -45,8 +45,12 @@ class ModelWindow:
         (integer buffers) are the newest model's."""
         models = [arrays for _, arrays in self._models]
         newest = models[-1]
-        return {k: np.mean([m[k] for m in models], axis=0, dtype=np.float64)
-                if np.issubdtype(newest[k].dtype, np.floating) else newest[k] for k in newest}
+        return {
+            k: np.mean([m[k] for m in models], axis=0, dtype=np.float64)
+            if np.issubdtype(newest[k].dtype, np.floating)
+            else newest[k]
+            for k in newest
+        }
 
     def state(self) -> tuple[list[int], dict[str, np.ndarray]]:
         """(rounds, arrays keyed ``window/<i>/<name>``) for the checkpoint."""
@@ -58,8 +62,7 @@ class ModelWindow:
         self._models.clear()
         for i, rnd in enumerate(rounds):
             head = f"{PREFIX}{i}/"
-            self.push(int(rnd), {k[len(head):]: v for k, v in arrays.items() if k.startswith(head)})
-
+            self.push(int(rnd), {k[len(head) :]: v for k, v in arrays.items() if k.startswith(head)})
 
     def check(self, model: Mapping[str, Any]) -> None:
         """ValueError unless every kept model has ``model``'s names and shapes (a checkpoint is read back, not

@@ -1,17 +1,13 @@
-"""Fixtures of the client tests: a small synthetic ImageFolder tree and its .tar.gz (see tests/datagen.py)."""
+"""Fixtures of the client tests: a small synthetic ImageFolder tree and its .tar.gz (see tools/datagen.py)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/conftest.py normally does this
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from datagen import make_image_folder, make_tarball  # noqa: E402
+from tools.datagen import make_image_folder, make_tarball
 
 PER_CLASS, TEST_PER_CLASS = 25, 12  # test_client_data.py and test_client_app.py rely on these sizes
 
@@ -19,8 +15,13 @@ PER_CLASS, TEST_PER_CLASS = 25, 12  # test_client_data.py and test_client_app.py
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     classes = ("cat", "airplane", "dog", "bird")  # deliberately unsorted: loading must sort them
-    return make_image_folder(tmp_path_factory.mktemp("imgs") / "data", per_class=PER_CLASS, classes=classes,
-                             seed=0, test_per_class=TEST_PER_CLASS)
+    return make_image_folder(
+        tmp_path_factory.mktemp("imgs") / "data",
+        per_class=PER_CLASS,
+        classes=classes,
+        seed=0,
+        test_per_class=TEST_PER_CLASS,
+    )
 
 
 @pytest.fixture(scope="session")

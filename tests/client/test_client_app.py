@@ -27,9 +27,22 @@ def task_identity():
 
 
 def _config(tarball: Path, cache: Path, **extra) -> dict:
-    base = {C.DATASET: "cifar10_folder", C.DATA_ROOT: str(tarball), C.CACHE_DIR: str(cache), C.MODEL: "cnn",
-            C.NUM_PARTITIONS: 5, C.ALPHA: 0.5, C.PARTITION_SEED: 2, C.BATCH_SIZE: 8, C.SEED: 1,
-            P.ALGORITHM: "fedavgm", P.CLIENT_LR: 0.05, P.LOCAL_EPOCHS: 1, P.SERVER_ROUND: 3, P.MOMENTUM: 0.9}
+    base = {
+        C.DATASET: "cifar10_folder",
+        C.DATA_ROOT: str(tarball),
+        C.CACHE_DIR: str(cache),
+        C.MODEL: "cnn",
+        C.NUM_PARTITIONS: 5,
+        C.ALPHA: 0.5,
+        C.PARTITION_SEED: 2,
+        C.BATCH_SIZE: 8,
+        C.SEED: 1,
+        P.ALGORITHM: "fedavgm",
+        P.CLIENT_LR: 0.05,
+        P.LOCAL_EPOCHS: 1,
+        P.SERVER_ROUND: 3,
+        P.MOMENTUM: 0.9,
+    }
     return {**base, **extra}
 
 
@@ -47,8 +60,9 @@ def _global_record() -> tuple[torch.nn.Module, ArrayRecord]:
 def test_train_message_round_trip(tarball: Path, tmp_path: Path) -> None:
     model, record = _global_record()
     cfg = _config(tarball, tmp_path)
-    msg = Message(RecordDict({P.ARRAYS: record, P.CONFIG: ConfigRecord(cfg)}), dst_node_id=7,
-                  message_type=MessageType.TRAIN)
+    msg = Message(
+        RecordDict({P.ARRAYS: record, P.CONFIG: ConfigRecord(cfg)}), dst_node_id=7, message_type=MessageType.TRAIN
+    )
     reply = app(msg, _context(2))
     assert not reply.has_error()
     metrics = reply.content[P.METRICS]
@@ -69,14 +83,24 @@ def test_train_message_round_trip(tarball: Path, tmp_path: Path) -> None:
 def test_localupdate_and_fedcm_messages(tarball: Path, tmp_path: Path) -> None:
     model, record = _global_record()
     cfg = _config(tarball, tmp_path, **{P.ALGORITHM: "localupdate", P.CLIENT_LR: 0.0, P.THETA: [1.0, 1.0]})
-    reply = app(Message(RecordDict({P.ARRAYS: record, P.CONFIG: ConfigRecord(cfg)}), dst_node_id=7,
-                        message_type=MessageType.TRAIN), _context(0))
+    reply = app(
+        Message(
+            RecordDict({P.ARRAYS: record, P.CONFIG: ConfigRecord(cfg)}), dst_node_id=7, message_type=MessageType.TRAIN
+        ),
+        _context(0),
+    )
     assert reply.content[P.METRICS][P.NUM_STEPS] == 2
     assert float(np.abs(reply.content[P.ARRAYS]["fc3.bias"].numpy()).sum()) > 0  # q, not the model
     corr = ArrayRecord([np.full(v.shape, 0.01) for v in model.state_dict().values()])  # "0", "1", ... keys
     cfg = _config(tarball, tmp_path, **{P.ALGORITHM: "fedcm", P.CLIENT_LR: 0.0})
-    reply = app(Message(RecordDict({P.ARRAYS: record, P.CONFIG: ConfigRecord(cfg), P.FEDCM_CORRECTION: corr}),
-                        dst_node_id=7, message_type=MessageType.TRAIN), _context(0))
+    reply = app(
+        Message(
+            RecordDict({P.ARRAYS: record, P.CONFIG: ConfigRecord(cfg), P.FEDCM_CORRECTION: corr}),
+            dst_node_id=7,
+            message_type=MessageType.TRAIN,
+        ),
+        _context(0),
+    )
     moved = reply.content[P.ARRAYS]["fc3.bias"].numpy() - model.state_dict()["fc3.bias"].numpy()
     np.testing.assert_allclose(moved, 0.01, atol=1e-6)
 
@@ -85,8 +109,14 @@ def test_evaluate_and_query(tarball: Path, tmp_path: Path) -> None:
     _, record = _global_record()
     cfg = _config(tarball, tmp_path)
     ctx = _context(4)
-    reply = app(Message(RecordDict({P.ARRAYS: record, P.CONFIG: ConfigRecord(cfg)}), dst_node_id=7,
-                        message_type=MessageType.EVALUATE), ctx)
+    reply = app(
+        Message(
+            RecordDict({P.ARRAYS: record, P.CONFIG: ConfigRecord(cfg)}),
+            dst_node_id=7,
+            message_type=MessageType.EVALUATE,
+        ),
+        ctx,
+    )
     metrics = reply.content[P.METRICS]
     assert set(metrics) == {P.NUM_EXAMPLES, "loss", "accuracy"} and metrics[P.NUM_EXAMPLES] == 48 // 5
     assert 0.0 <= metrics["accuracy"] <= 1.0

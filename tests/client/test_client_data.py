@@ -84,9 +84,16 @@ def test_concurrent_processes_decode_once(tarball: Path, tmp_path: Path) -> None
     the data. Fresh interpreters, not forks of this (threaded) test worker: a fork can inherit a held lock."""
     go = tmp_path / "go"
     ready = [tmp_path / f"ready-{i}" for i in range(3)]
-    children = [subprocess.Popen([sys.executable, "-c", CHILD, str(tarball), str(tmp_path / "cache"), str(r), str(go)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-                for r in ready]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(tarball), str(tmp_path / "cache"), str(r), str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for r in ready
+    ]
     try:
         while not all(r.exists() for r in ready):
             assert all(c.poll() is None for c in children), [c.communicate() for c in children]

@@ -51,6 +51,6 @@ def test_prepare_batch_shapes_and_determinism() -> None:
     assert a.shape == (16, 3, 32, 32) and a.dtype == torch.float32
     assert torch.equal(a, b) and not torch.equal(a, c)
     plain = prepare_batch(images, mean, std)  # no generator: no augmentation
-    expected = (torch.from_numpy(images).permute(0, 3, 1, 2) / 255.0 - torch.tensor(mean).view(1, 3, 1, 1))
+    expected = torch.from_numpy(images).permute(0, 3, 1, 2) / 255.0 - torch.tensor(mean).view(1, 3, 1, 1)
     torch.testing.assert_close(plain, expected / torch.tensor(std).view(1, 3, 1, 1))
     assert torch.equal(normalise(to_tensor(images), mean, std), plain)

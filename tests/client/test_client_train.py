@@ -36,8 +36,16 @@ def test_fedavgm_one_step_is_manual_sgd(client_data) -> None:
     model = _model()
     start = copy.deepcopy(model)
     lr, wd = 0.1, 0.01
-    res = _train(model, client_data, algorithm="fedavgm", client_lr=lr, local_steps=1, batch_size=64,
-                 weight_decay=wd, augment=False)
+    res = _train(
+        model,
+        client_data,
+        algorithm="fedavgm",
+        client_lr=lr,
+        local_steps=1,
+        batch_size=64,
+        weight_decay=wd,
+        augment=False,
+    )
     grads = _full_grad(start, *client_data)
     for (name, p), g in zip(start.named_parameters(), grads):
         torch.testing.assert_close(res.arrays[name], p.detach() - lr * (g + wd * p.detach()), rtol=1e-5, atol=1e-6)
@@ -52,8 +60,7 @@ def test_localupdate_gamma_zero_sums_full_gradients(client_data) -> None:
     model = _model()
     start = copy.deepcopy(model)
     theta = [1.0, 0.5, 2.0]
-    res = _train(model, client_data, algorithm="localupdate", client_lr=0.0, theta=theta, batch_size=40,
-                 augment=False)
+    res = _train(model, client_data, algorithm="localupdate", client_lr=0.0, theta=theta, batch_size=40, augment=False)
     grads = _full_grad(start, *client_data)
     for (name, p), g in zip(start.named_parameters(), grads):
         torch.testing.assert_close(res.arrays[name], sum(theta) * g, rtol=1e-4, atol=1e-6)
@@ -74,8 +81,15 @@ def test_fedcm_zero_correction_beta_zero_equals_fedavgm(client_data) -> None:
     common = dict(client_lr=0.05, local_epochs=2, batch_size=16, weight_decay=1e-3, seed=3, server_round=2)
     a = _train(_model(), client_data, algorithm="fedavgm", **common)
     b = _train(_model(), client_data, algorithm="fedcm", momentum=0.0, **common)
-    c = local_train(_model(), *client_data, MEAN, STD, TrainConfig(algorithm="fedcm", **common),
-                    correction={k: torch.zeros_like(v) for k, v in _model().state_dict().items()}, device=CPU)
+    c = local_train(
+        _model(),
+        *client_data,
+        MEAN,
+        STD,
+        TrainConfig(algorithm="fedcm", **common),
+        correction={k: torch.zeros_like(v) for k, v in _model().state_dict().items()},
+        device=CPU,
+    )
     for k in a.arrays:
         assert torch.equal(a.arrays[k], b.arrays[k]) and torch.equal(a.arrays[k], c.arrays[k])
     assert a.metrics[P.NUM_STEPS] == 2 * 3  # E * ceil(40 / 16)
@@ -85,9 +99,15 @@ def test_fedcm_correction_sums_to_one_over_the_round(client_data) -> None:
     model = _model()
     start = [v.clone() for v in model.state_dict().values()]
     corr = [torch.full_like(v, 0.01) for v in start]  # list form, in state_dict order
-    res = local_train(model, *client_data, MEAN, STD,
-                      TrainConfig(algorithm="fedcm", client_lr=0.0, momentum=0.9, local_steps=5, batch_size=8),
-                      correction={str(i): c.numpy() for i, c in enumerate(corr)}, device=CPU)
+    res = local_train(
+        model,
+        *client_data,
+        MEAN,
+        STD,
+        TrainConfig(algorithm="fedcm", client_lr=0.0, momentum=0.9, local_steps=5, batch_size=8),
+        correction={str(i): c.numpy() for i, c in enumerate(corr)},
+        device=CPU,
+    )
     for s, v in zip(start, res.arrays.values()):  # lr = 0: J steps of + c / J add exactly c
         torch.testing.assert_close(v, s + 0.01, rtol=0, atol=1e-6)
 
@@ -130,21 +150,30 @@ def test_load_arrays_accepts_names_and_lists() -> None:
 
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="algorithm"):
-        TrainConfig(algorithm="sgd", client_lr=0.1)
+        TrainConfig(algorithm="sgd", client_lr=0.1, batch_size=8)
     with pytest.raises(ValueError, match="theta"):
-        TrainConfig(algorithm="localupdate", client_lr=0.1)
+        TrainConfig(algorithm="localupdate", client_lr=0.1, batch_size=8)
 
 
 def test_localupdate_theta_preset_takes_k_from_steps(client_data) -> None:
     model = _model()
     start = copy.deepcopy(model)
-    res = _train(model, client_data, algorithm="localupdate", client_lr=0.0, theta="fomaml", local_steps=3,
-                 batch_size=40, augment=False)
+    res = _train(
+        model,
+        client_data,
+        algorithm="localupdate",
+        client_lr=0.0,
+        theta="fomaml",
+        local_steps=3,
+        batch_size=40,
+        augment=False,
+    )
     assert res.metrics[P.NUM_STEPS] == 3
     for (name, _), g in zip(start.named_parameters(), _full_grad(start, *client_data)):
         torch.testing.assert_close(res.arrays[name], g, rtol=1e-4, atol=1e-6)  # Theta_K = (0, 0, 1)
-    res = _train(_model(), client_data, algorithm="localupdate", client_lr=0.01, theta="fedavg", local_epochs=2,
-                 batch_size=16)
+    res = _train(
+        _model(), client_data, algorithm="localupdate", client_lr=0.01, theta="fedavg", local_epochs=2, batch_size=16
+    )
     assert res.metrics[P.NUM_STEPS] == 6  # K = E * ceil(40 / 16)
 
 
@@ -154,8 +183,15 @@ def test_ghbm_momentum_moves_the_model_by_beta_m_over_the_round(client_data) -> 
         model = _model()
         start = {k: v.clone() for k, v in model.state_dict().items()}
         m = {k: np.full(v.shape, 0.02, dtype=np.float32) for k, v in start.items()}
-        res = local_train(model, *client_data, MEAN, STD, TrainConfig(algorithm=algorithm, client_lr=0.0,
-                          momentum=0.5, local_steps=4, batch_size=8), momentum_term=m, device=CPU)
+        res = local_train(
+            model,
+            *client_data,
+            MEAN,
+            STD,
+            TrainConfig(algorithm=algorithm, client_lr=0.0, momentum=0.5, local_steps=4, batch_size=8),
+            momentum_term=m,
+            device=CPU,
+        )
         for k, v in res.arrays.items():
             torch.testing.assert_close(v, start[k] - 0.5 * 0.02, rtol=0, atol=1e-6)
     plain = _train(_model(), client_data, algorithm="fedavgm", client_lr=0.05, local_steps=3, batch_size=8)
@@ -169,8 +205,15 @@ def test_fedhbm_step_pulls_away_from_its_anchor(client_data) -> None:
     model = _model()
     start = {k: v.clone() for k, v in model.state_dict().items()}
     anchor = {k: (v + 1.0).numpy() for k, v in start.items()}
-    res = local_train(model, *client_data, MEAN, STD, TrainConfig(algorithm="fedhbm", client_lr=0.0, momentum=1.0,
-                      local_steps=1, batch_size=8, participation=0.1), anchor=anchor, device=CPU)
+    res = local_train(
+        model,
+        *client_data,
+        MEAN,
+        STD,
+        TrainConfig(algorithm="fedhbm", client_lr=0.0, momentum=1.0, local_steps=1, batch_size=8, participation=0.1),
+        anchor=anchor,
+        device=CPU,
+    )
     for k, v in res.arrays.items():
         torch.testing.assert_close(v, start[k] - 0.1 * 1.0, rtol=0, atol=1e-6)
 

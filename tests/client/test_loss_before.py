@@ -53,8 +53,7 @@ def test_other_settings_select_all_or_evenly_spaced_examples() -> None:
 
 def test_local_train_reports_the_loss_on_the_examples_it_trains_on(client_data) -> None:
     x, y = client_data
-    kw = dict(algorithm="fedavgm", client_lr=0.1, local_steps=2, batch_size=8, seed=5, server_round=3,
-              partition_id=2)
+    kw = dict(algorithm="fedavgm", client_lr=0.1, local_steps=2, batch_size=8, seed=5, server_round=3, partition_id=2)
     start = _model()
     idx = np.sort(np.concatenate(list(batch_indices(40, 8, 2, round_generator(5, 3, 2)))))
     assert len(idx) == 16
@@ -70,4 +69,4 @@ def test_local_train_reports_the_loss_on_the_examples_it_trains_on(client_data) 
 
 def test_invalid_setting_is_rejected() -> None:
     with pytest.raises(ValueError, match="loss_before_batches"):
-        TrainConfig(algorithm="fedavgm", client_lr=0.1, loss_before_batches=-2)
+        TrainConfig(algorithm="fedavgm", client_lr=0.1, batch_size=8, loss_before_batches=-2)

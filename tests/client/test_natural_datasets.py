@@ -7,7 +7,6 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from natural_datagen import MAKERS, make_cifar100, make_femnist, make_shakespeare, write
 
 from client.datacheck import DataSourceError
 from client.datasets import TASK_MODELS, load_task
@@ -17,9 +16,15 @@ from client.task_models import resnet18_gn
 from client.tasks import MODEL_OUTPUTS
 from client.train import TrainConfig, evaluate_examples, train_examples
 from server.run.config import ConfigError, validate
+from tools.natural_datagen import MAKERS, make_cifar100, make_femnist, make_shakespeare, write
 
-PARAMS = {"femnist_cnn": 1_690_046, "resnet18": 11_227_812, "char_lstm": 820_185, "so_logreg": 5_000_500,
-          "so_lstm": 4_053_428}
+PARAMS = {
+    "femnist_cnn": 1_690_046,
+    "resnet18": 11_227_812,
+    "char_lstm": 820_185,
+    "so_logreg": 5_000_500,
+    "so_lstm": 4_053_428,
+}
 
 
 @pytest.mark.parametrize("name", sorted(PARAMS))
@@ -107,9 +112,13 @@ def test_the_hub_csv_of_shakespeare_is_read_as_text_too(tmp_path, monkeypatch):
     assert asked == ["flwrlabs/shakespeare"] and "None" in data.meta["natural_ids"]
 
 
-@pytest.mark.parametrize("text, words", [("character_id,x\nA,b\n", "lacks column 'y'"),
-                                         ("character_id,x,y\nA,b,c\nA,b,c,d\n",
-                                          "cannot read {}: Error tokenizing data. C error: Expected 3 fields")])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("character_id,x\nA,b\n", "lacks column 'y'"),
+        ("character_id,x,y\nA,b,c\nA,b,c,d\n", "cannot read {}: Error tokenizing data. C error: Expected 3 fields"),
+    ],
+)
 def test_a_bad_csv_copy_is_one_line(text, words, tmp_path, capfd):
     (tmp_path / "shakespeare.csv").write_text(text)
     with pytest.raises(DataSourceError) as err:
@@ -128,9 +137,13 @@ def test_client_rows_match_the_flwr_datasets_partition(tmp_path):
     for p in range(5):
         part = partitioner.load_partition(p)
         x = data.client(p).x
-        assert len(x) == len(part) and "".join(
-            "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"[i] for i in x[0]
-        ) == part[0]["x"]
+        assert (
+            len(x) == len(part)
+            and "".join(
+                "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"[i] for i in x[0]
+            )
+            == part[0]["x"]
+        )
 
 
 def test_pachinko_split_is_seeded_and_disjoint():
@@ -143,12 +156,19 @@ def test_pachinko_split_is_seeded_and_disjoint():
 
 
 def _cfg(name, root, cache, **extra):
-    cfg = {"num_rounds": 1, "num_clients": "all", "seed": 0, "eval_every": 1, "checkpoint_every": 1,
-           "eval_max_examples": 0, "strategy": {"name": "localupdate", "server_lr": 0.01, "client_lr": 0.01,
-                                                 "theta": "fedavg"},
-           "model": {"name": TASK_MODELS[name]}, "participation": {"mode": "uniform", "clients_per_round": 2},
-           "client": {"batch_size": 4, "local_epochs": 1, "local_steps": 2},
-           "data": {"name": name, "root": str(root) if root else None, "cache_dir": str(cache), "download": False}}
+    cfg = {
+        "num_rounds": 1,
+        "num_clients": "all",
+        "seed": 0,
+        "eval_every": 1,
+        "checkpoint_every": 1,
+        "eval_max_examples": 0,
+        "strategy": {"name": "localupdate", "server_lr": 0.01, "client_lr": 0.01, "theta": "fedavg"},
+        "model": {"name": TASK_MODELS[name]},
+        "participation": {"mode": "uniform", "clients_per_round": 2},
+        "client": {"batch_size": 4, "local_epochs": 1, "local_steps": 2},
+        "data": {"name": name, "root": str(root) if root else None, "cache_dir": str(cache), "download": False},
+    }
     cfg.update(extra)
     return cfg
 
@@ -157,8 +177,9 @@ def test_validate_resolves_all_clients_and_fraction(tmp_path):
     root = write(make_femnist(num_clients=5), tmp_path / "copy")
     cfg = validate(_cfg("femnist", root, tmp_path / "cache"))
     assert cfg["num_clients"] == 5 and cfg["participation"]["fraction"] == pytest.approx(0.4)
-    assert cfg["trust"]["max_num_examples"] == max(np.diff(load_task("femnist", str(root),
-                                                                     str(tmp_path / "cache")).offsets))
+    assert cfg["trust"]["max_num_examples"] == max(
+        np.diff(load_task("femnist", str(root), str(tmp_path / "cache")).offsets)
+    )
 
 
 def _broken(kind, tmp_path):
@@ -166,16 +187,22 @@ def _broken(kind, tmp_path):
     if kind == "missing column":
         dd["train"] = dd["train"].remove_columns("writer_id")
     elif kind == "label out of range":
-        dd["train"] = dd["train"].cast_column("character", __import__("datasets").Value("int64")).map(
-            lambda r: {"character": 70})
+        dd["train"] = (
+            dd["train"].cast_column("character", __import__("datasets").Value("int64")).map(lambda r: {"character": 70})
+        )
     elif kind == "image size":
         dd = make_femnist(size=20)
     return write(dd, tmp_path / "bad")
 
 
-@pytest.mark.parametrize("kind, words", [("missing column", "lacks column 'writer_id'"),
-                                         ("label out of range", "column 'character': label 70 outside [0, 62)"),
-                                         ("image size", "column 'image': image of shape (20, 20)")])
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("missing column", "lacks column 'writer_id'"),
+        ("label out of range", "column 'character': label 70 outside [0, 62)"),
+        ("image size", "column 'image': image of shape (20, 20)"),
+    ],
+)
 def test_bad_local_copy_is_one_config_error(kind, words, tmp_path):
     with pytest.raises(ConfigError) as err:
         validate(_cfg("femnist", _broken(kind, tmp_path), tmp_path / "cache"))
@@ -183,9 +210,14 @@ def test_bad_local_copy_is_one_config_error(kind, words, tmp_path):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("change, key", [({"data": {"name": "mnist_natural"}}, "'data.name'"),
-                                         ({"model": {"name": "cnn"}}, "'model.name'"),
-                                         ({"num_clients": 99}, "'num_clients'")])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"data": {"name": "mnist_natural"}}, "'data.name'"),
+        ({"model": {"name": "cnn"}}, "'model.name'"),
+        ({"num_clients": 99}, "'num_clients'"),
+    ],
+)
 def test_bad_config_names_the_key(change, key, tmp_path):
     root = write(make_femnist(num_clients=3), tmp_path / "copy")
     cfg = _cfg("femnist", root, tmp_path / "cache")
@@ -206,8 +238,9 @@ def test_missing_root_and_no_download(tmp_path):
 
 def test_cifar100_copy_without_enough_rows_for_a_client(tmp_path):
     with pytest.raises(DataSourceError):
-        load_task("cifar100", str(write(make_cifar100(num_rows=60, test_rows=5), tmp_path / "c")),
-                  str(tmp_path / "cache"))
+        load_task(
+            "cifar100", str(write(make_cifar100(num_rows=60, test_rows=5), tmp_path / "c")), str(tmp_path / "cache")
+        )
 
 
 def test_partition_with_no_examples_is_one_line_before_encoding(tmp_path, monkeypatch):
@@ -220,8 +253,12 @@ def test_partition_with_no_examples_is_one_line_before_encoding(tmp_path, monkey
     import client.datasets as natural
 
     specs = dict(natural.tasks())
-    specs["femnist"] = dataclasses.replace(specs["femnist"], partitioner=lambda seed: DirichletPartitioner(
-        num_partitions=40, partition_by="character", alpha=0.1, min_partition_size=0, seed=seed))
+    specs["femnist"] = dataclasses.replace(
+        specs["femnist"],
+        partitioner=lambda seed: DirichletPartitioner(
+            num_partitions=40, partition_by="character", alpha=0.1, min_partition_size=0, seed=seed
+        ),
+    )
     monkeypatch.setattr(natural, "tasks", lambda: specs)
     root = write(make_femnist(), tmp_path / "copy")
     with pytest.raises(ConfigError) as err:
@@ -242,13 +279,21 @@ def test_reading_a_built_cache_imports_no_hub_libraries(name, tmp_path):
 
     root = write(MAKERS[name](), tmp_path / "copy")
     load_task(name, str(root), str(tmp_path / "cache"))  # builds the cache in this process
-    code = ("import sys\nfrom client.datasets import load_task, check_task\n"
-            f"data = load_task({name!r}, {str(root)!r}, {str(tmp_path / 'cache')!r})\n"
-            f"check_task({name!r}, {str(root)!r}, {str(tmp_path / 'cache')!r})\n"
-            "data.client(0)\n"
-            "print([m for m in ('flwr_datasets', 'datasets', 'pyarrow') if m in sys.modules])\n")
+    code = (
+        "import sys\nfrom client.datasets import load_task, check_task\n"
+        f"data = load_task({name!r}, {str(root)!r}, {str(tmp_path / 'cache')!r})\n"
+        f"check_task({name!r}, {str(root)!r}, {str(tmp_path / 'cache')!r})\n"
+        "data.client(0)\n"
+        "print([m for m in ('flwr_datasets', 'datasets', 'pyarrow') if m in sys.modules])\n"
+    )
     top = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                         env={"PYTHONPATH": str(top), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={"PYTHONPATH": str(top), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout

@@ -7,17 +7,18 @@ import datasets
 import numpy as np
 import pytest
 from flwr_datasets.partitioner import NaturalIdPartitioner
-from natural_datagen import make_femnist, make_shakespeare, write
 
 from client.datacheck import DataSourceError
 from client.datasets.natural_ids import ArrowNaturalIdPartitioner
 from server.run.config import ConfigError, validate
+from tools.natural_datagen import make_femnist, make_shakespeare, write
 
 
 def _partitions(partitioner, dataset):
     partitioner.dataset = dataset
-    return [list(partitioner.load_partition(p)["__row"]) for p in range(partitioner.num_partitions)], \
-        partitioner.partition_id_to_natural_id
+    return [
+        list(partitioner.load_partition(p)["__row"]) for p in range(partitioner.num_partitions)
+    ], partitioner.partition_id_to_natural_id
 
 
 @pytest.mark.parametrize("column", ["character_id", "number"])
@@ -36,17 +37,30 @@ def test_same_partitions_as_flwr_datasets(column):
 
 def test_null_natural_id_is_one_line_naming_the_column(tmp_path):
     dd = make_femnist(num_clients=3)
-    dd["train"] = dd["train"].map(lambda row, i: {"writer_id": None if i in (2, 5) else row["writer_id"]},
-                                  with_indices=True)
+    dd["train"] = dd["train"].map(
+        lambda row, i: {"writer_id": None if i in (2, 5) else row["writer_id"]}, with_indices=True
+    )
     partitioner = ArrowNaturalIdPartitioner(partition_by="writer_id")
     partitioner.dataset = dd["train"]
     with pytest.raises(DataSourceError, match=r"^column 'writer_id': 2 of \d+ rows have no natural id \(null\)$"):
         partitioner.load_partition(0)
-    cfg = {"num_rounds": 1, "num_clients": "all", "seed": 0, "eval_every": 1, "checkpoint_every": 1,
-           "model": {"name": "femnist_cnn"}, "participation": {"mode": "uniform", "clients_per_round": 1},
-           "strategy": {"name": "fedavg"}, "client": {"batch_size": 4, "local_epochs": 1},
-           "data": {"name": "femnist", "root": str(write(dd, tmp_path / "copy")),
-                    "cache_dir": str(tmp_path / "cache"), "download": False}}
+    cfg = {
+        "num_rounds": 1,
+        "num_clients": "all",
+        "seed": 0,
+        "eval_every": 1,
+        "checkpoint_every": 1,
+        "model": {"name": "femnist_cnn"},
+        "participation": {"mode": "uniform", "clients_per_round": 1},
+        "strategy": {"name": "fedavg"},
+        "client": {"batch_size": 4, "local_epochs": 1},
+        "data": {
+            "name": "femnist",
+            "root": str(write(dd, tmp_path / "copy")),
+            "cache_dir": str(tmp_path / "cache"),
+            "download": False,
+        },
+    }
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert str(err.value).startswith("'data.root': column 'writer_id': 2 of") and "\n" not in str(err.value)

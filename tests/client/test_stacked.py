@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 import torch
-from engine_cases import MEAN, STD, stacked_clients, train_one_by_one
 
+from checks.engine_cases import MEAN, STD, stacked_clients, train_one_by_one
 from client.models import build_model
 from client.stacked import can_stack, stacked_local_train
 
 # max |diff| / max |expected| per array in float32, after at most 3 steps. Logistic regression (smooth): sums in
 # another order, measured <= 1.6e-6 over 50 data seeds. The CNN: ReLU and max-pool turn a rounding difference that
-# crosses an activation's edge into a jump (benchmarks/float32_flips.py): over 50 data seeds (rng 0..24 x fedavgm,
+# crosses an activation's edge into a jump (checks/float32_flips.py): over 50 data seeds (rng 0..24 x fedavgm,
 # ghbm) 8 exceed 1e-5, up to 9.3e-3, and which ones depends on the CPU's kernels. So the CNN's float32 bound only
 # catches what float32 alone can break (dtype, non-finite values, a lost client); its algorithm is checked below in
 # float64 to 1e-12, where no activation lies within rounding of its edge.
@@ -97,13 +97,14 @@ def test_models_with_buffers_are_refused():
         stacked_local_train(torch.nn.BatchNorm1d(3), [], MEAN, STD, torch.device("cpu"))
 
 
-def test_a_cached_client_does_not_read_its_images_again(monkeypatch):
+def test_a_cached_client_does_not_read_its_images_again():
     """A client whose float copy is cached (by ``key``) trains the same without its images being read: the
     batched engine hands a reader (``ImageExamples`` with ``rows`` reads on first use), called on a miss only."""
     import client.stacked as stacked
+    from client.chunk import clear_cache
     from client.examples import ImageExamples
 
-    monkeypatch.setattr(stacked, "_CACHE", {})
+    clear_cache()
     model = build_model("logreg")
     clients = stacked_clients("fedavgm", model, np.random.default_rng(1), augment=False)
     source = np.concatenate([c.x for c in clients])
@@ -118,6 +119,7 @@ def test_a_cached_client_does_not_read_its_images_again(monkeypatch):
             def reader(examples=examples, i=i):
                 reads.append(i)
                 return examples.x
+
             out.append(stacked.ClientInput(reader, c.y, c.cfg, c.initial, key=("data", i)))
         return out
 
@@ -135,20 +137,27 @@ def test_a_cached_client_does_not_read_its_images_again(monkeypatch):
 @pytest.mark.parametrize("augment", [False, True])
 @pytest.mark.parametrize("loss_before_batches", [0, 1, -1])
 @pytest.mark.parametrize("algorithm", ["fedavgm", "localupdate", "ghbm"])
-def test_closed_form_logreg_equals_vmap_and_the_loop(float64, monkeypatch, algorithm, loss_before_batches, augment):
+def test_closed_form_logreg_equals_vmap_and_the_loop(float64, algorithm, loss_before_batches, augment):
     """Logistic regression trains through client/linear.py's closed-form gradient; in float64 it equals the
     one-client loop and the generic vmap chunk to 1e-12 (arrays, loss-before, train-loss)."""
     import client.stacked as stacked
+    from client.chunk import Chunk
     from client.linear import LinearChunk
 
     model = build_model("logreg")
-    assert stacked._chunk_class(model) is LinearChunk and stacked._chunk_class(build_model("cnn")) is stacked._Chunk
-    clients = stacked_clients(algorithm, model, np.random.default_rng(5), weight_decay=1e-3, augment=augment,
-                       loss_before_batches=loss_before_batches)
+    assert stacked.chunk_class(model) is LinearChunk and stacked.chunk_class(build_model("cnn")) is Chunk
+    assert stacked.chunk_class(model, generic=True) is Chunk
+    clients = stacked_clients(
+        algorithm,
+        model,
+        np.random.default_rng(5),
+        weight_decay=1e-3,
+        augment=augment,
+        loss_before_batches=loss_before_batches,
+    )
     expected = train_one_by_one("logreg", clients)
     closed = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
-    monkeypatch.setattr(stacked, "_chunk_class", lambda m: stacked._Chunk)
-    generic = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
+    generic = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"), generic=True)
     for e, c, g in zip(expected, closed, generic):
         for k in e.arrays:
             scale = max(float(e.arrays[k].abs().max()), 1e-12)

@@ -10,24 +10,37 @@ from collections import Counter
 import datasets
 import numpy as np
 import pytest
-from natural_datagen import write
 
 import client.datasets.stackoverflow as so
 from client.datacheck import DataSourceError
 from client.datasets import load_task
+from tools.natural_datagen import write
 
-TEXTS = ["how to  sort a list", "  leading and trailing  ", "tabs\tand\nnewlines", "", "\u3000ideographic\u3000space",
-         "unit\x1fseparator", "é à z a", "a a a b b c", " ".join(f"w{i % 7}" for i in range(30)),
-         " ".join(f"w{i}" for i in range(20)), "z", "zz z é"]
+TEXTS = [
+    "how to  sort a list",
+    "  leading and trailing  ",
+    "tabs\tand\nnewlines",
+    "",
+    "\u3000ideographic\u3000space",
+    "unit\x1fseparator",
+    "é à z a",
+    "a a a b b c",
+    " ".join(f"w{i % 7}" for i in range(30)),
+    " ".join(f"w{i}" for i in range(20)),
+    "z",
+    "zz z é",
+]
 TAGS = ["python|sorting", "|java||", "", "c++|python", "a|b|c|d|e", "python", "é|z"]
 
 
 def _rows(n: int, seed: int) -> dict[str, list]:
     rng = np.random.default_rng(seed)
-    return {"client_id": [f"{u:03d}" for u in rng.integers(0, 6, n)],  # users interleaved, not grouped
-            "tokens": [TEXTS[i] for i in rng.integers(0, len(TEXTS), n)],
-            "title": [TEXTS[i] for i in rng.integers(0, len(TEXTS), n)],
-            "tags": [TAGS[i] for i in rng.integers(0, len(TAGS), n)]}
+    return {
+        "client_id": [f"{u:03d}" for u in rng.integers(0, 6, n)],  # users interleaved, not grouped
+        "tokens": [TEXTS[i] for i in rng.integers(0, len(TEXTS), n)],
+        "title": [TEXTS[i] for i in rng.integers(0, len(TEXTS), n)],
+        "tags": [TAGS[i] for i in rng.integers(0, len(TAGS), n)],
+    }
 
 
 def _top(counter: Counter, k: int) -> list[str]:
@@ -49,17 +62,21 @@ def _reference(train: dict[str, list], test: dict[str, list], task: str) -> tupl
         if not title:
             ids = np.full((len(rows), so.SEQ_LEN + 1), so.PAD, dtype=np.int32)
             for i, r in enumerate(rows):
-                seq = [so.BOS] + [vocab.index(w) + 1 if w in vocab else so.OOV for w in words(r)[:so.SEQ_LEN]]
+                seq = [so.BOS] + [vocab.index(w) + 1 if w in vocab else so.OOV for w in words(r)[: so.SEQ_LEN]]
                 seq += [so.EOS] if len(words(r)) < so.SEQ_LEN else []
-                ids[i, :len(seq)] = seq
+                ids[i, : len(seq)] = seq
             out[split] = {"ids": ids}
             continue
         meta["tags"] = tag_list = _top(Counter(t for r in train_rows for t in tags(r)), so.NUM_TAGS)
         bags = [[vocab.index(w) for w in words(r) if w in vocab] for r in rows]
         hot = [[tag_list.index(t) for t in tags(r) if t in tag_list] for r in rows]
         ptr = lambda lists: np.concatenate([[0], np.cumsum([len(v) for v in lists])])  # noqa: E731
-        out[split] = {"words": np.asarray([v for b in bags for v in b]), "words_ptr": ptr(bags),
-                      "tags": np.asarray([v for b in hot for v in b]), "tags_ptr": ptr(hot)}
+        out[split] = {
+            "words": np.asarray([v for b in bags for v in b]),
+            "words_ptr": ptr(bags),
+            "tags": np.asarray([v for b in hot for v in b]),
+            "tags_ptr": ptr(hot),
+        }
     return meta, out
 
 
@@ -73,8 +90,10 @@ def test_encoding_follows_the_documented_rules(task, sizes, tmp_path, monkeypatc
     monkeypatch.setattr(so, "VOCAB_SIZE", sizes[0])
     monkeypatch.setattr(so, "NUM_TAGS", sizes[1])
     train, test = _rows(300, 0), _rows(40, 1)
-    copy = write(datasets.DatasetDict({"train": datasets.Dataset.from_dict(train),
-                                       "test": datasets.Dataset.from_dict(test)}), tmp_path / "copy")
+    copy = write(
+        datasets.DatasetDict({"train": datasets.Dataset.from_dict(train), "test": datasets.Dataset.from_dict(test)}),
+        tmp_path / "copy",
+    )
     data = load_task(task, str(copy), str(tmp_path / "cache"))
     meta, arrays = _reference(train, test, task)
     assert data.meta["vocab"] == meta["vocab"] and data.meta["natural_ids"] == meta["natural_ids"]

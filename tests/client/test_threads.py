@@ -11,10 +11,18 @@ from client import config as C
 from client import threads
 
 
-@pytest.mark.parametrize("cores, nodes, share", [
-    (2, 4, 1),  # the host: 4 SuperNodes training at once on 2 cores
-    (2, 2, 1), (2, 1, 2), (16, 4, 4), (16, 3, 5), (16, 100, 1), (8, 0, 8),
-])
+@pytest.mark.parametrize(
+    "cores, nodes, share",
+    [
+        (2, 4, 1),  # the host: 4 SuperNodes training at once on 2 cores
+        (2, 2, 1),
+        (2, 1, 2),
+        (16, 4, 4),
+        (16, 3, 5),
+        (16, 100, 1),
+        (8, 0, 8),
+    ],
+)
 def test_local_share(cores, nodes, share):
     assert threads.local_share(cores, nodes) == share
 
@@ -24,25 +32,31 @@ def test_local_share_rejects_nonsense():
         threads.local_share(0, 4)
 
 
-@pytest.mark.parametrize("config, node, expected", [
-    ({}, {}, (0, "torch default")),  # a node nobody told: torch's default
-    ({C.TORCH_THREADS: 0}, {threads.NODE_KEY: 2}, (2, "node_config torch-threads")),  # flower-deploy's share
-    ({C.TORCH_THREADS: 3}, {threads.NODE_KEY: 2}, (3, "client.torch_threads")),  # the config overrides it
-    ({C.TORCH_THREADS: 3}, None, (3, "client.torch_threads")),
-    ({C.TORCH_THREADS: 1.0}, {threads.NODE_KEY: "4"}, (1, "client.torch_threads")),  # run configs may send floats
-    ({}, {threads.NODE_KEY: 0}, (0, "torch default")),
-])
+@pytest.mark.parametrize(
+    "config, node, expected",
+    [
+        ({}, {}, (0, "torch default")),  # a node nobody told: torch's default
+        ({C.TORCH_THREADS: 0}, {threads.NODE_KEY: 2}, (2, "node_config torch-threads")),  # flower-deploy's share
+        ({C.TORCH_THREADS: 3}, {threads.NODE_KEY: 2}, (3, "client.torch_threads")),  # the config overrides it
+        ({C.TORCH_THREADS: 3}, None, (3, "client.torch_threads")),
+        ({C.TORCH_THREADS: 1.0}, {threads.NODE_KEY: "4"}, (1, "client.torch_threads")),  # run configs may send floats
+        ({}, {threads.NODE_KEY: 0}, (0, "torch default")),
+    ],
+)
 def test_choose_precedence(config, node, expected):
     assert threads.CONFIG_KEY == C.TORCH_THREADS
     assert threads.choose(config, node) == expected
 
 
-@pytest.mark.parametrize("config, node, message", [
-    ({C.TORCH_THREADS: -1}, {}, "client.torch_threads"),
-    ({}, {threads.NODE_KEY: "two"}, "torch-threads"),
-    ({}, {threads.NODE_KEY: 1.5}, "torch-threads"),
-    ({}, {threads.NODE_KEY: float("inf")}, "torch-threads"),
-])
+@pytest.mark.parametrize(
+    "config, node, message",
+    [
+        ({C.TORCH_THREADS: -1}, {}, "client.torch_threads"),
+        ({}, {threads.NODE_KEY: "two"}, "torch-threads"),
+        ({}, {threads.NODE_KEY: 1.5}, "torch-threads"),
+        ({}, {threads.NODE_KEY: float("inf")}, "torch-threads"),
+    ],
+)
 def test_choose_rejects_bad_counts(config, node, message):
     with pytest.raises(ValueError, match=message):
         threads.choose(config, node)

@@ -10,17 +10,20 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datagen import make_image_folder  # noqa: E402
 from deploy_helpers import ROOT, flower_processes, overrides, run_cli  # noqa: E402
 from misbehaving_app import make_app_dir  # noqa: E402
+
+from tools.datagen import make_image_folder  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def deploy_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A 10-class ImageFolder tree (16 train / 4 test images per class) and a cache dir."""
     root = tmp_path_factory.mktemp("deploy-data")
-    return {"folder": make_image_folder(root / "folder", per_class=16, test_per_class=4, seed=2),
-            "cache": root / "cache"}
+    return {
+        "folder": make_image_folder(root / "folder", per_class=16, test_per_class=4, seed=2),
+        "cache": root / "cache",
+    }
 
 
 @pytest.fixture(scope="session")

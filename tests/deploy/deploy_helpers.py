@@ -15,8 +15,13 @@ from warm_cli import shared, wants_warm
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_DEDUP_LOGS": "0",
-       "PYTHONUNBUFFERED": "1"}
+ENV = {
+    **os.environ,
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_DEDUP_LOGS": "0",
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 # The simulation reference of a deployment test whose subject is not the Ray engine: the batched engine, clients one
@@ -28,10 +33,23 @@ IN_PROCESS = ("engine=batched", "engine.workers=1")
 def overrides(data: dict[str, Path], run_dir: Path, *extra: str) -> list[str]:
     """A tiny but complete experiment: 4 clients, 2 rounds, cyclic halves, CNN, 2 local steps, 1 torch thread;
     in-round progress lines every 0.2 s; no PNGs unless ``extra`` says ``plots=true``."""
-    return [f"data.root={data['folder']}", f"data.cache_dir={data['cache']}", "num_clients=4", "num_rounds=2",
-            "participation.fraction=0.5", "client.local_steps=2", "client.batch_size=16", "client.torch_threads=1",
-            "eval_max_examples=40", "round_timeout=60", "progress_every=0.2", "plots=false", f"run_dir={run_dir}",
-            f"hydra.run.dir={run_dir}", *extra]
+    return [
+        f"data.root={data['folder']}",
+        f"data.cache_dir={data['cache']}",
+        "num_clients=4",
+        "num_rounds=2",
+        "participation.fraction=0.5",
+        "client.local_steps=2",
+        "client.batch_size=16",
+        "client.torch_threads=1",
+        "eval_max_examples=40",
+        "round_timeout=60",
+        "progress_every=0.2",
+        "plots=false",
+        f"run_dir={run_dir}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
 
 
 def compose(args: list[str]) -> dict[str, Any]:
@@ -51,8 +69,15 @@ def run_cli(name: str, args: list[str], timeout: float = 300) -> subprocess.Comp
     simulation runs in a fork of the warm process of tests/warm_cli.py, a deployment as a fresh process."""
     if wants_warm(name, args):
         return shared(ENV).run(name, args, ENV, cwd=ROOT, timeout=timeout, merge_output=True)
-    return subprocess.run([str(BIN / name), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, env=ENV, cwd=ROOT)
+    return subprocess.run(
+        [str(BIN / name), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=ROOT,
+    )
 
 
 def rows(run_dir: Path) -> list[dict[str, Any]]:

@@ -36,8 +36,12 @@ def scaled(reply: Message, factor: float = 1.1) -> RecordDict:
     """The reply with every floating array multiplied by ``factor``."""
     arrays = {k: v.numpy() for k, v in reply.content[P.ARRAYS].items()}
     arrays = {k: v * factor if np.issubdtype(v.dtype, np.floating) else v for k, v in arrays.items()}
-    return RecordDict({P.ARRAYS: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
-                       P.METRICS: MetricRecord(dict(reply.content[P.METRICS]))})
+    return RecordDict(
+        {
+            P.ARRAYS: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
+            P.METRICS: MetricRecord(dict(reply.content[P.METRICS])),
+        }
+    )
 
 
 def _wait_gate(context: Context, key: str) -> None:

@@ -17,7 +17,7 @@ def _ip(hex_addr: str) -> str:
     raw = bytes.fromhex(hex_addr)
     if len(raw) == 4:
         return str(ipaddress.IPv4Address(raw[::-1]))
-    addr = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    addr = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
     return str(addr.ipv4_mapped or addr)
 
 
@@ -66,13 +66,17 @@ def acquire_task(address: str, secret: bytes | None, root_certificates: str | No
 
     interceptors = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
     if secret is not None:
-        interceptors.append(SuperExecAuthHttpInterceptor(master_secret=secret,
-                                                         protected_methods=_SUPEREXEC_AUTH_METHODS))
-    client = RuntimeHttpClient.from_server_address(server_address=address, insecure=root_certificates is None,
-                                                   root_certificates=root_certificates, interceptors=interceptors)
+        interceptors.append(
+            SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=_SUPEREXEC_AUTH_METHODS)
+        )
+    client = RuntimeHttpClient.from_server_address(
+        server_address=address,
+        insecure=root_certificates is None,
+        root_certificates=root_certificates,
+        interceptors=interceptors,
+    )
     try:
-        return client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP,
-                                                                           TaskType.SERVER_APP]))
+        return client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP, TaskType.SERVER_APP]))
     finally:
         client.close()
 
@@ -82,16 +86,22 @@ def runtime_port(proc: procs.ManagedProcess) -> int:
     return int(proc.cmd[proc.cmd.index("--port") + 1])
 
 
-def start_intruder(fed: Federation, name: str, security: list[str], node_config: str, home: Path,
-                   max_wait: float = 8.0, poll_interval: float | None = None) -> procs.ManagedProcess:
+def start_intruder(
+    fed: Federation,
+    name: str,
+    security: list[str],
+    node_config: str,
+    home: Path,
+    max_wait: float = 8.0,
+    poll_interval: float | None = None,
+) -> procs.ManagedProcess:
     """A SuperNode that is no member of ``fed`` (own log, own FLWR_HOME, short connection budget), polling
     every ``poll_interval`` s (default: the federation's)."""
     cmd = [*fed.supernode_command(node_config, security), "--max-wait-time", str(max_wait)]
     if poll_interval is not None:
         cmd[cmd.index("--poll-interval") + 1] = str(poll_interval)
     env = {**fed.env, "FLWR_HOME": str(home)}
-    return _start_bound(lambda: procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir),
-                        cmd)
+    return _start_bound(lambda: procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir), cmd)
 
 
 def _start_bound(make: Callable[[], procs.ManagedProcess], cmd: list[str]) -> procs.ManagedProcess:
@@ -111,13 +121,27 @@ def _start_bound(make: Callable[[], procs.ManagedProcess], cmd: list[str]) -> pr
 def start_silent_node(fed: Federation, name: str, node_config: str, home: Path) -> procs.ManagedProcess:
     """A registered SuperNode that joins but never runs a ClientApp: Flower's stock ``flower-supernode`` with
     ``--isolation process`` and no SuperExec, so the messages it pulls are never answered."""
-    cmd = [procs.executable("flower-supernode"), "--root-certificates", str(fed.ca_cert),
-           "--auth-supernode-private-key", str(fed.node_key(name).private), "--superlink", fed.fleet_address,
-           "--isolation", "process", "--host", "127.0.0.1", "--port", str(procs.free_port()),
-           "--max-wait-time", "30", "--node-config", node_config]
+    cmd = [
+        procs.executable("flower-supernode"),
+        "--root-certificates",
+        str(fed.ca_cert),
+        "--auth-supernode-private-key",
+        str(fed.node_key(name).private),
+        "--superlink",
+        fed.fleet_address,
+        "--isolation",
+        "process",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(procs.free_port()),
+        "--max-wait-time",
+        "30",
+        "--node-config",
+        node_config,
+    ]
     env = {**fed.env, "FLWR_HOME": str(home)}
-    return _start_bound(lambda: procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir),
-                        cmd)
+    return _start_bound(lambda: procs.ManagedProcess(name, cmd, fed.log_dir / f"{name}.log", env, fed.workdir), cmd)
 
 
 def answered_query(log: Path) -> bool:
@@ -135,10 +159,19 @@ def open_gate_when_answered(logs: list[Path], gate: Path, timeout: float = 180.0
     gate.touch()
 
 
-def open_gate_when_logged(lines: list[str], text: str, gate: Path, timeout: float = 180.0) -> None:
-    """Thread: create ``gate`` once one of the ServerApp's streamed ``lines`` contains ``text``, or after
-    ``timeout`` (the test's own checks then fail)."""
+def open_gate_when_logged(
+    lines: list[str], text: str, gate: Path, timeout: float = 180.0, log_file: Path | None = None
+) -> None:
+    """Thread: create ``gate`` once one of the ServerApp's streamed ``lines`` or a line of ``log_file`` (its
+    run.log, which holds the details the console leaves out) contains ``text``, or after ``timeout`` (the test's
+    own checks then fail)."""
+
+    def logged() -> bool:
+        if any(text in line for line in list(lines)):
+            return True
+        return log_file is not None and log_file.exists() and text in log_file.read_text(errors="replace")
+
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not any(text in line for line in list(lines)):
+    while time.monotonic() < deadline and not logged():
         time.sleep(0.1)
     gate.touch()

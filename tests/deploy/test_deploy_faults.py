@@ -30,8 +30,9 @@ def uninterrupted(deploy_data, tmp_path_factory):
     return run_dir
 
 
-def _kill_when_training(fed: Federation, partition: int, sig: int, restart: bool, out: dict, victim: dict,
-                        gate: Path | None = None) -> None:
+def _kill_when_training(
+    fed: Federation, partition: int, sig: int, restart: bool, out: dict, victim: dict, gate: Path | None = None
+) -> None:
     """Thread: once SuperNode ``partition``'s ClientApp is inside its round-1 training (it created
     ``victim["train-started"]`` and holds until ``victim["train-gate"]`` exists: test ClientApp keys), signal its
     whole process group, open its gate (for the restarted node's later rounds), then maybe restart it. The message
@@ -69,18 +70,22 @@ def _victim(tmp_path: Path, partition: int, num_nodes: int, gate: Path | None = 
     ``victim["train-started"]`` and waits for ``victim["train-gate"]``); with a ``gate`` file the others hold their
     round-1 training until the killer thread has seen the victim back online, so round 2 finds it. ``node_config``
     goes to ``deploy``: the SuperNodes start with it (test ClientApp keys)."""
-    victim = {"train-started": str(tmp_path / f"partition-{partition}.train-started"),
-              "train-gate": str(tmp_path / f"partition-{partition}.killed")}
+    victim = {
+        "train-started": str(tmp_path / f"partition-{partition}.train-started"),
+        "train-gate": str(tmp_path / f"partition-{partition}.killed"),
+    }
     others = {p: {"train-gate": str(gate)} for p in range(num_nodes) if p != partition} if gate else {}
     return victim, {partition: victim, **others}
 
 
-def _held_victim(fed: Federation, out: dict, partition: int, sig: int, restart: bool, victim: dict,
-                 gate: Path | None = None) -> None:
+def _held_victim(
+    fed: Federation, out: dict, partition: int, sig: int, restart: bool, victim: dict, gate: Path | None = None
+) -> None:
     """on_start part: wait for every spawned node, start the killer thread."""
     out["ids_before"] = sorted(fed.wait_nodes(len(fed.supernodes)))
-    threading.Thread(target=_kill_when_training, args=(fed, partition, sig, restart, out, victim, gate),
-                     daemon=True).start()
+    threading.Thread(
+        target=_kill_when_training, args=(fed, partition, sig, restart, out, victim, gate), daemon=True
+    ).start()
 
 
 def _watch(fed: Federation, out: dict) -> Callable[[str], None]:
@@ -103,13 +108,23 @@ def deploy_and_check_cleanup(cfg, run_dir, on_line, on_start, node_config=None):
         left = flower_processes(run_dir / "deploy" / "flwr_home")
         assert not left, left
 
+
 def test_tls_auth_supernode_terminated_mid_round_rejoins(deploy_data, misbehaving_app_dir, tmp_path):
     """TLS + SuperNode auth, 2 SuperNodes; SIGTERM one SuperNode's process group while it trains: the round
     completes with the other and counts 1 failure, the restarted node rejoins under the same node ID and trains in
     round 2."""
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, "num_clients=2", "participation.fraction=1.0", "deploy.tls=true",
-                            "deploy.auth=true", f"deploy.app_dir={misbehaving_app_dir}"))
+    cfg = compose(
+        overrides(
+            deploy_data,
+            run_dir,
+            "num_clients=2",
+            "participation.fraction=1.0",
+            "deploy.tls=true",
+            "deploy.auth=true",
+            f"deploy.app_dir={misbehaving_app_dir}",
+        )
+    )
     out: dict = {}
     gate = tmp_path / "gate"  # the other waits for the restarted node: round 2 finds it back
     victim, node_config = _victim(tmp_path, 1, 2, gate)
@@ -145,8 +160,9 @@ def test_supernode_crash_round_completes_and_node_rejoins(deploy_data, misbehavi
     run_dir = tmp_path / "run"
     # round_timeout: round 1 ends by it (the dead node never replies), before the SuperLink could declare the node
     # offline (>= 30 s after the kill: 2 heartbeat intervals of 30 s after its last one)
-    cfg = compose(overrides(deploy_data, run_dir, "round_timeout=25", "num_rounds=3",
-                            f"deploy.app_dir={misbehaving_app_dir}"))
+    cfg = compose(
+        overrides(deploy_data, run_dir, "round_timeout=25", "num_rounds=3", f"deploy.app_dir={misbehaving_app_dir}")
+    )
     out: dict = {}
     partition = _group(cfg, 1)[0]
     victim, _ = _victim(tmp_path, partition, 4)
@@ -181,8 +197,9 @@ def _group(cfg: dict, rnd: int) -> list[int]:
     from strategies.participation import make_schedule
 
     p = cfg["participation"]
-    return make_schedule(p["mode"], cfg["num_clients"], p["fraction"], cfg["seed"], p.get("groups")) \
-        .clients_for_round(rnd)
+    return make_schedule(p["mode"], cfg["num_clients"], p["fraction"], cfg["seed"], p.get("groups")).clients_for_round(
+        rnd
+    )
 
 
 def _crash_superlink_after_round(fed: Federation, run_dir: Path, rnd: int, out: dict) -> None:

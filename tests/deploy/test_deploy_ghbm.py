@@ -24,6 +24,8 @@ def test_fedhbm_deployment_equals_simulation(deploy_data, tmp_path):
     assert_same_model(dep_dir, sim_dir)
     keys = ("round", "accuracy", "loss", "train_loss", "num_replies", "num_failures")
     assert [{k: r.get(k) for k in keys} for r in rows(dep_dir)] == [{k: r.get(k) for k in keys} for r in rows(sim_dir)]
-    states = sorted(p.relative_to(dep_dir / "client_state").parts[1:] for p in
-                    (dep_dir / "client_state").glob("*/partition-*/r*.npz"))
+    states = sorted(
+        p.relative_to(dep_dir / "client_state").parts[1:]
+        for p in (dep_dir / "client_state").glob("*/partition-*/r*.npz")
+    )
     assert len(states) == 3 and {s[0] for s in states} == {f"partition-{i}" for i in range(2)}

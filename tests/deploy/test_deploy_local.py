@@ -38,8 +38,16 @@ def test_four_supernodes_two_rounds(reference_deploy):
     assert [r["round"] for r in metrics] == [0, 1, 2]
     for r in metrics[1:]:
         assert r["num_selected"] == r["num_replies"] == 2 and r["num_failures"] == 0
-    for name in ("metrics.csv", "final_model.npz", "summary.json", "accuracy.png", "loss.png", "run.log",
-                 "checkpoint/state.json", "checkpoint/arrays.npz"):
+    for name in (
+        "metrics.csv",
+        "final_model.npz",
+        "summary.json",
+        "accuracy.png",
+        "loss.png",
+        "run.log",
+        "checkpoint/state.json",
+        "checkpoint/arrays.npz",
+    ):
         assert (run_dir / name).stat().st_size > 0, name
     pids = json.loads((run_dir / "deploy" / "pids.json").read_text())
     assert sorted(pids["supernodes"]) == ["0", "1", "2", "3"] and pids["control_address"].startswith("127.0.0.1:")
@@ -66,8 +74,9 @@ def test_same_global_model_as_simulation(reference_deploy, deploy_data, tmp_path
     assert [{k: r.get(k) for k in keys} for r in rows(run_dir)] == [{k: r.get(k) for k in keys} for r in rows(sim_dir)]
 
     def groups(path: Path) -> list[str]:
-        return [line.split("Round ")[1] for line in (path / "run.log").read_text().splitlines()
-                if "partitions [" in line]
+        return [
+            line.split("Round ")[1] for line in (path / "run.log").read_text().splitlines() if "partitions [" in line
+        ]
 
     assert groups(run_dir) == groups(sim_dir) and len(groups(run_dir)) == 2
 
@@ -78,9 +87,15 @@ def test_ctrl_c_stops_every_process(deploy_data, tmp_path):
     run_dir = tmp_path / "run"
     # started as a shell starts a background job (SIGINT ignored, so Python installs no handler of its own): the
     # run must end anyway, and the test does not depend on how pytest itself was started
-    popen = subprocess.Popen([str(BIN / "flower-deploy"), *overrides(deploy_data, run_dir, "num_clients=2")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    popen = subprocess.Popen(
+        [str(BIN / "flower-deploy"), *overrides(deploy_data, run_dir, "num_clients=2")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     reader = LineReader(popen)
     try:
         assert reader.wait_for("[round 0/2]", timeout=90), reader.text()[-3000:]
@@ -110,8 +125,14 @@ def test_logreg_deploys_and_equals_the_batched_engine(deploy_data, tmp_path):
     The same federation shows that local SuperNodes share the cores: with the default ``client.torch_threads=0``
     every ClientApp of the 2 SuperNodes (both training in each round) runs max(1, cores // 2) torch threads, told
     by flower-deploy (node_config) and reported by the ClientApp itself."""
-    extra = ("model=logreg", "client.augment=false", "client.weight_decay=1e-3", "client.torch_threads=0",
-             "num_clients=2", "participation.fraction=1.0")
+    extra = (
+        "model=logreg",
+        "client.augment=false",
+        "client.weight_decay=1e-3",
+        "client.torch_threads=0",
+        "num_clients=2",
+        "participation.fraction=1.0",
+    )
     deploy_dir, batched_dir = tmp_path / "deploy", tmp_path / "batched"
     proc = run_cli("flower-deploy", overrides(deploy_data, deploy_dir, *extra), timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
@@ -138,12 +159,21 @@ def test_natural_task_preset_deploys_and_equals_the_batched_engine(tmp_path):
     """Seed 001's FEMNIST preset (issue 20: ``num_clients=all`` natural writers, M = 2 per round) on real SuperNodes
     (one per writer; ``deploy.spawn_supernodes`` follows ``num_clients=all`` once the copy is counted) reaches the
     batched engine's model bitwise (the CNN is trained one client after another through the ClientApp's code)."""
-    from natural_datagen import MAKERS, write
+    from tools.natural_datagen import MAKERS, write
 
     root = write(MAKERS["femnist"](num_clients=2), tmp_path / "copy")
-    args = ["+experiment=seed001_femnist", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "num_rounds=2",
-            "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1", "eval_every=1",
-            "round_timeout=60", "progress_every=0.2"]
+    args = [
+        "+experiment=seed001_femnist",
+        f"data.root={root}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "num_rounds=2",
+        "participation.clients_per_round=2",
+        "client.local_steps=2",
+        "client.torch_threads=1",
+        "eval_every=1",
+        "round_timeout=60",
+        "progress_every=0.2",
+    ]
     deploy_dir, batched_dir = tmp_path / "deploy", tmp_path / "batched"
     proc = run_cli("flower-deploy", [*args, f"run_dir={deploy_dir}", f"hydra.run.dir={deploy_dir}"], timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]

@@ -29,16 +29,25 @@ def test_broken_supernode_is_rejected_and_changes_nothing(deploy_data, misbehavi
     """An honest SuperNode + 1 whose replies carry NaN weights (round 1), a wrong shape (round 2) and zero
     num-examples (round 3): all rounds complete, 1 rejection per round, and the final model equals (to 1e-12)
     that of the honest node alone (partition 1 then has no node and is skipped)."""
-    extra = ("num_clients=2", "num_rounds=3", "participation.fraction=1.0", "participation.wait_timeout=3",
-             f"deploy.app_dir={misbehaving_app_dir}")
+    extra = (
+        "num_clients=2",
+        "num_rounds=3",
+        "participation.fraction=1.0",
+        "participation.wait_timeout=3",
+        f"deploy.app_dir={misbehaving_app_dir}",
+    )
     honest_dir, broken_dir = tmp_path / "honest", tmp_path / "broken"
     honest = _deploy(compose(overrides(deploy_data, honest_dir, *extra, "deploy.spawn_supernodes=1")), honest_dir)
 
     def all_registered(fed: Federation) -> None:
         fed.wait_nodes(2)
 
-    broken = _deploy(compose(overrides(deploy_data, broken_dir, *extra, "deploy.spawn_supernodes=2")), broken_dir,
-                     all_registered, node_config={1: {"misbehave": BROKEN}})
+    broken = _deploy(
+        compose(overrides(deploy_data, broken_dir, *extra, "deploy.spawn_supernodes=2")),
+        broken_dir,
+        all_registered,
+        node_config={1: {"misbehave": BROKEN}},
+    )
     assert [r["round"] for r in broken] == [0, 1, 2, 3]
     for r in broken[1:]:
         assert (r["num_selected"], r["num_replies"], r["num_rejected"], r["num_failures"]) == (2, 1, 1, 0), r

@@ -41,8 +41,9 @@ def _deploy(cfg, run_dir, tmp_path, on_start, node_config=None):
     lines: list[str] = []
     home = tmp_path / "intruder_home"
     try:
-        result = deploy(cfg, on_line=lines.append, on_start=lambda fed: on_start(fed, intruders, home),
-                        node_config=node_config)
+        result = deploy(
+            cfg, on_line=lines.append, on_start=lambda fed: on_start(fed, intruders, home), node_config=node_config
+        )
     finally:
         for proc in intruders.values():
             proc.stop(10)
@@ -69,23 +70,42 @@ def test_racing_and_bad_claims_of_registered_nodes_are_refused(deploy_data, misb
     run.log; node 0 serves partition 0; nothing is reassigned or silent; the model is the honest one. The honest
     round-1 training waits until every intruder has answered (a second gate), so round 2 collects every answer."""
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, *SETTING, "deploy.tls=true", "deploy.auth=true",
-                            "participation.query_timeout=20", f"deploy.app_dir={misbehaving_app_dir}"))
+    cfg = compose(
+        overrides(
+            deploy_data,
+            run_dir,
+            *SETTING,
+            "deploy.tls=true",
+            "deploy.auth=true",
+            "participation.query_timeout=20",
+            f"deploy.app_dir={misbehaving_app_dir}",
+        )
+    )
     ids: dict[str, set[int]] = {}
     query_gate, train_gate = tmp_path / "query-gate", tmp_path / "train-gate"
 
-    node_config = {0: {"query-gate": str(query_gate), "train-gate": str(train_gate)},
-                   1: {"train-gate": str(train_gate)}}
+    node_config = {
+        0: {"query-gate": str(query_gate), "train-gate": str(train_gate)},
+        1: {"train-gate": str(train_gate)},
+    }
 
     def on_start(fed: Federation, intruders: dict, home) -> None:
         ids["honest"] = set(fed.wait_nodes(2))
-        intruders["racer"] = start_intruder(fed, "racer", _registered(fed, "racer"),
-                                            'partition-id=0 num-partitions=2 misbehave="scale"', home, max_wait=30,
-                                            poll_interval=0.05)
-        intruders["out-of-range"] = start_intruder(fed, "out-of-range", _registered(fed, "out-of-range"),
-                                                   "partition-id=7 num-partitions=2", home, max_wait=30)
-        intruders["other-n"] = start_intruder(fed, "other-n", _registered(fed, "other-n"),
-                                              "partition-id=1 num-partitions=5", home, max_wait=30)
+        intruders["racer"] = start_intruder(
+            fed,
+            "racer",
+            _registered(fed, "racer"),
+            'partition-id=0 num-partitions=2 misbehave="scale"',
+            home,
+            max_wait=30,
+            poll_interval=0.05,
+        )
+        intruders["out-of-range"] = start_intruder(
+            fed, "out-of-range", _registered(fed, "out-of-range"), "partition-id=7 num-partitions=2", home, max_wait=30
+        )
+        intruders["other-n"] = start_intruder(
+            fed, "other-n", _registered(fed, "other-n"), "partition-id=1 num-partitions=5", home, max_wait=30
+        )
         fed.wait_nodes(5)
         logs = [fed.log_dir / f"{name}.log" for name in intruders]
         threading.Thread(target=open_gate_when_answered, args=(logs[:1], query_gate), daemon=True).start()
@@ -113,8 +133,11 @@ def test_silent_registered_node_does_not_stall_rounds(deploy_data, sim_two, tmp_
     named silent in run.log after participation.query_timeout=2 s, counted in num_silent, and never waited for:
     no round selects it or ends at round_timeout (60 s); the model is the honest one."""
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, *SETTING, "deploy.tls=true", "deploy.auth=true",
-                            "participation.query_timeout=2"))
+    cfg = compose(
+        overrides(
+            deploy_data, run_dir, *SETTING, "deploy.tls=true", "deploy.auth=true", "participation.query_timeout=2"
+        )
+    )
     ids: dict[str, int] = {}
 
     def on_start(fed: Federation, intruders: dict, home) -> None:

@@ -65,8 +65,9 @@ def test_a_supernode_whose_port_was_taken_starts_again_on_another(tmp_path, monk
 
 
 @pytest.mark.e2e
-def test_a_supernode_that_keeps_losing_its_port_or_exits_otherwise_is_one_clear_error(tmp_path, monkeypatch,
-                                                                                          taken_port):
+def test_a_supernode_that_keeps_losing_its_port_or_exits_otherwise_is_one_clear_error(
+    tmp_path, monkeypatch, taken_port
+):
     fed = Federation(tmp_path / "fed", tmp_path, FederationOptions(startup_timeout=60))
     fed.on_notice = lambda line: None
     _first_pick(monkeypatch, taken_port, count=3)

@@ -57,17 +57,29 @@ def _run_with_hijacker(cfg, run_dir, tmp_path, on_start=None, hijacker_security=
         if on_start is not None:
             on_start(fed, intruders, home)
         security = hijacker_security(fed) if hijacker_security else ["--insecure"]
-        intruders["hijacker"] = start_intruder(fed, "hijacker", security, 'partition-id=0 num-partitions=2 '
-                                               f'misbehave="scale" query-gate="{query_gate}"', home, max_wait=30)
+        intruders["hijacker"] = start_intruder(
+            fed,
+            "hijacker",
+            security,
+            f'partition-id=0 num-partitions=2 misbehave="scale" query-gate="{query_gate}"',
+            home,
+            max_wait=30,
+        )
         fed.wait_nodes(3)
-        threading.Thread(target=open_gate_when_logged, args=(lines, "serves partition 0", query_gate),
-                         daemon=True).start()
-        threading.Thread(target=open_gate_when_answered, args=([fed.log_dir / "hijacker.log"], gate),
-                         daemon=True).start()
+        threading.Thread(
+            target=open_gate_when_logged,
+            args=(lines, "serves partition 0", query_gate),
+            kwargs={"log_file": run_dir / "run.log"},
+            daemon=True,
+        ).start()
+        threading.Thread(
+            target=open_gate_when_answered, args=([fed.log_dir / "hijacker.log"], gate), daemon=True
+        ).start()
 
     try:
-        result = deploy(cfg, on_line=lines.append, on_start=start,
-                        node_config={p: {"train-gate": str(gate)} for p in range(2)})
+        result = deploy(
+            cfg, on_line=lines.append, on_start=start, node_config={p: {"train-gate": str(gate)} for p in range(2)}
+        )
     finally:
         for proc in intruders.values():
             proc.stop(10)
@@ -108,11 +120,19 @@ def _start_refused_intruders(fed: Federation, intruders: dict, home) -> None:
     own_key = tls.make_node_key(home / "keys", "unregistered")
     evil = tls.make_tls(home / "evil-ca", ["127.0.0.2"])
     cases = {
-        "unregistered-key": ["--root-certificates", str(fed.ca_cert), "--auth-supernode-private-key",
-                             str(own_key.private)],
+        "unregistered-key": [
+            "--root-certificates",
+            str(fed.ca_cert),
+            "--auth-supernode-private-key",
+            str(own_key.private),
+        ],
         "insecure": ["--insecure"],
-        "own-ca": ["--root-certificates", str(evil.ca_cert), "--auth-supernode-private-key",
-                   str(fed.node_key("node1").private)],  # even with a registered key
+        "own-ca": [
+            "--root-certificates",
+            str(evil.ca_cert),
+            "--auth-supernode-private-key",
+            str(fed.node_key("node1").private),
+        ],  # even with a registered key
     }
     for name, security in cases.items():
         intruders[name] = start_intruder(fed, name, security, node_config, home)
@@ -124,9 +144,19 @@ def test_intruders_refused_apis_on_loopback_hijack_refused(deploy_data, misbehav
     exit 1 without joining; a registered intruder claiming partition 0 is refused and counted; the final model is
     the honest one."""
     run_dir = tmp_path / "run"
-    cfg = compose(overrides(deploy_data, run_dir, *SETTING, "deploy.tls=true", "deploy.auth=true",
-                            "deploy.host=127.0.0.2", "deploy.address=127.0.0.2", "deploy.cert_hosts=[127.0.0.2]",
-                            f"deploy.app_dir={misbehaving_app_dir}"))
+    cfg = compose(
+        overrides(
+            deploy_data,
+            run_dir,
+            *SETTING,
+            "deploy.tls=true",
+            "deploy.auth=true",
+            "deploy.host=127.0.0.2",
+            "deploy.address=127.0.0.2",
+            "deploy.cert_hosts=[127.0.0.2]",
+            f"deploy.app_dir={misbehaving_app_dir}",
+        )
+    )
 
     def on_start(fed: Federation, intruders: dict, home) -> None:
         _check_sockets(fed)
@@ -134,8 +164,12 @@ def test_intruders_refused_apis_on_loopback_hijack_refused(deploy_data, misbehav
         _start_refused_intruders(fed, intruders, home)
 
     def hijacker_security(fed: Federation) -> list[str]:  # its key registered through the open Control API
-        return ["--root-certificates", str(fed.ca_cert), "--auth-supernode-private-key",
-                str(fed.node_key("hijacker").private)]
+        return [
+            "--root-certificates",
+            str(fed.ca_cert),
+            "--auth-supernode-private-key",
+            str(fed.node_key("hijacker").private),
+        ]
 
     result, lines, intruders = _run_with_hijacker(cfg, run_dir, tmp_path, on_start, hijacker_security)
     assert result.ok, "\n".join(lines[-60:])
@@ -155,8 +189,9 @@ def test_intruders_refused_apis_on_loopback_hijack_refused(deploy_data, misbehav
     assert "--insecure" in intruders["insecure"].tail(1) and "registered" in intruders["unregistered-key"].tail(1)
 
 
-def test_hijack_without_auth_is_refused_while_the_holder_answers(deploy_data, misbehaving_app_dir, sim_reference,
-                                                                 tmp_path):
+def test_hijack_without_auth_is_refused_while_the_holder_answers(
+    deploy_data, misbehaving_app_dir, sim_reference, tmp_path
+):
     """No auth: an intruder that claims partition 0 after its node did (held until then) is a duplicate claim: refused,
     counted and logged; its x1.1 update never goes in. (Without auth it could still win by answering first, or
     take a partition whose node left or went silent, counted in num_reassigned: docs/deploy.md "Security".)"""

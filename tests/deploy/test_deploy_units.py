@@ -26,8 +26,10 @@ def test_certificates_chain_and_san(tmp_path):
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert set(san.get_values_for_type(x509.DNSName)) == {"sl.example.org", "localhost"}
-    assert set(san.get_values_for_type(x509.IPAddress)) == {ipaddress.ip_address("10.0.0.5"),
-                                                           ipaddress.ip_address("127.0.0.1")}
+    assert set(san.get_values_for_type(x509.IPAddress)) == {
+        ipaddress.ip_address("10.0.0.5"),
+        ipaddress.ip_address("127.0.0.1"),
+    }
     assert files.server_key.stat().st_mode & 0o077 == 0
 
 
@@ -45,8 +47,13 @@ def test_fab_is_small_and_holds_the_apps(tmp_path):
     fab = build_fab_from_disk(ROOT)
     names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
     assert len(fab) < 2 * 1024 * 1024  # Flower's limit is 10 MB
-    assert {"server/run/app.py", "server/deploy/server_app.py", "client/app.py", "strategies/flower.py",
-            "conf/config.yaml"} <= set(names)
+    assert {
+        "server/run/app.py",
+        "server/deploy/server_app.py",
+        "client/app.py",
+        "strategies/flower.py",
+        "conf/config.yaml",
+    } <= set(names)
     assert not [n for n in names if n.startswith((".venv/", "outputs/", "multirun/"))]
     # flower-deploy packs a staged copy (server/deploy/app_stage.py): the same files, byte for byte
     staged = build_fab_from_disk(stage_app(ROOT, tmp_path / "app"))
@@ -56,21 +63,24 @@ def test_fab_is_small_and_holds_the_apps(tmp_path):
 
 def test_an_app_dir_that_is_no_flower_app_is_one_line_before_any_process(tmp_path, deploy_data):
     run_dir = tmp_path / "run"
-    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, f"deploy.app_dir={tmp_path / 'empty'}"),
-                   timeout=60)
+    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, f"deploy.app_dir={tmp_path / 'empty'}"), timeout=60)
     assert proc.returncode == 2 and proc.stdout.strip().splitlines()[-1].startswith(
-        "flower-deploy: invalid configuration: 'deploy.app_dir': cannot pack"), proc.stdout
+        "flower-deploy: invalid configuration: 'deploy.app_dir': cannot pack"
+    ), proc.stdout
     assert not (run_dir / "deploy" / "logs").exists()
 
 
-@pytest.mark.parametrize("node_config, message", [
-    ({4: {"gate": "/tmp/g"}}, "partition 4 has no SuperNode"),
-    ({-1: {"gate": "/tmp/g"}}, "partition -1 has no SuperNode"),
-    ({"0": {"gate": "/tmp/g"}}, "partition '0' has no SuperNode"),
-    ({0: {"gate key": "x"}}, "key 'gate key' must be"),
-    ({0: {"gate": 'a" misbehave="scale'}}, "value of 'gate' must be"),
-    ({0: {"gate": 3}}, "value of 'gate' must be"),
-])
+@pytest.mark.parametrize(
+    "node_config, message",
+    [
+        ({4: {"gate": "/tmp/g"}}, "partition 4 has no SuperNode"),
+        ({-1: {"gate": "/tmp/g"}}, "partition -1 has no SuperNode"),
+        ({"0": {"gate": "/tmp/g"}}, "partition '0' has no SuperNode"),
+        ({0: {"gate key": "x"}}, "key 'gate key' must be"),
+        ({0: {"gate": 'a" misbehave="scale'}}, "value of 'gate' must be"),
+        ({0: {"gate": 3}}, "value of 'gate' must be"),
+    ],
+)
 def test_broken_node_config_is_one_error_before_any_process(tmp_path, deploy_data, node_config, message):
     """``deploy(cfg, node_config=...)``: a partition not spawned here, a key or a value that would not survive
     ``--node-config key="value"`` is a ConfigError before anything is staged or started."""
@@ -81,31 +91,37 @@ def test_broken_node_config_is_one_error_before_any_process(tmp_path, deploy_dat
     assert not (run_dir / "deploy").exists()
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["deploy.auth=true"], "deploy.auth"),
-    (["deploy.spawn_supernodes=5"], "spawn_supernodes"),
-    (["deploy.superlink=nohostport", "deploy.spawn_supernodes=0"], "HOST:PORT"),
-    (["deploy.superlink=h:1", "deploy.tls=true"], "existing"),
-    (["deploy.root_certificates=/nonexistent/ca.crt"], "root_certificates"),
-    (["deploy.fleet_port=-1"], "fleet_port"),
-    (["deploy.database=sometimes"], "deploy.database"),
-    (["deploy.node_threads=-1"], "deploy.node_threads"),
-    (["deploy.node_threads=many"], "deploy.node_threads"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["deploy.auth=true"], "deploy.auth"),
+        (["deploy.spawn_supernodes=5"], "spawn_supernodes"),
+        (["deploy.superlink=nohostport", "deploy.spawn_supernodes=0"], "HOST:PORT"),
+        (["deploy.superlink=h:1", "deploy.tls=true"], "existing"),
+        (["deploy.root_certificates=/nonexistent/ca.crt"], "root_certificates"),
+        (["deploy.fleet_port=-1"], "fleet_port"),
+        (["deploy.database=sometimes"], "deploy.database"),
+        (["deploy.node_threads=-1"], "deploy.node_threads"),
+        (["deploy.node_threads=many"], "deploy.node_threads"),
+    ],
+)
 def test_deploy_config_is_validated(tmp_path, deploy_data, extra, message):
     cfg = config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", *extra)))  # data.root is checked
     with pytest.raises(config_lib.ConfigError, match=message):
         validate_deploy(cfg)
 
 
-@pytest.mark.parametrize("extra, concurrent", [
-    (["num_clients=4", "participation.fraction=1.0"], 4),  # the issue's setting: every node trains at once
-    (["num_clients=4", "participation.fraction=0.25"], 1),  # one node per round: it may use every core
-    (["num_clients=8", "participation.fraction=0.5", "deploy.spawn_supernodes=2"], 2),  # 2 local of 4 per round
-    (["num_clients=4", "participation.groups=[[0,1,2],[3]]"], 3),  # explicit cyclic groups: the largest
-    (["participation=uniform", "num_clients=10", "participation.fraction=0.2"], 2),
-    (["participation=uniform", "num_clients=10", "participation.fraction=0.5", "deploy.spawn_supernodes=3"], 3),
-])
+@pytest.mark.parametrize(
+    "extra, concurrent",
+    [
+        (["num_clients=4", "participation.fraction=1.0"], 4),  # the issue's setting: every node trains at once
+        (["num_clients=4", "participation.fraction=0.25"], 1),  # one node per round: it may use every core
+        (["num_clients=8", "participation.fraction=0.5", "deploy.spawn_supernodes=2"], 2),  # 2 local of 4 per round
+        (["num_clients=4", "participation.groups=[[0,1,2],[3]]"], 3),  # explicit cyclic groups: the largest
+        (["participation=uniform", "num_clients=10", "participation.fraction=0.2"], 2),
+        (["participation=uniform", "num_clients=10", "participation.fraction=0.5", "deploy.spawn_supernodes=3"], 3),
+    ],
+)
 def test_concurrent_local_nodes(tmp_path, extra, concurrent):
     """Spawned SuperNodes a round selects at most; ``auto`` gives each max(1, cores // that)."""
     from client.threads import local_share, usable_cores
@@ -117,13 +133,16 @@ def test_concurrent_local_nodes(tmp_path, extra, concurrent):
         assert node_threads({**cfg, "deploy": {**cfg["deploy"], "node_threads": value}}) == value
 
 
-@pytest.mark.parametrize("deploy, in_file", [
-    ({"database": "auto", "spawn_supernodes": 4, "host": "127.0.0.1"}, False),  # every SuperNode is ours
-    ({"database": "auto", "spawn_supernodes": 3, "host": "127.0.0.1"}, True),  # others may join on loopback
-    ({"database": "auto", "spawn_supernodes": 4, "host": "0.0.0.0"}, True),  # ... or from other hosts
-    ({"database": True, "spawn_supernodes": 4, "host": "127.0.0.1"}, True),
-    ({"database": False, "spawn_supernodes": 0, "host": "0.0.0.0"}, False),
-])
+@pytest.mark.parametrize(
+    "deploy, in_file",
+    [
+        ({"database": "auto", "spawn_supernodes": 4, "host": "127.0.0.1"}, False),  # every SuperNode is ours
+        ({"database": "auto", "spawn_supernodes": 3, "host": "127.0.0.1"}, True),  # others may join on loopback
+        ({"database": "auto", "spawn_supernodes": 4, "host": "0.0.0.0"}, True),  # ... or from other hosts
+        ({"database": True, "spawn_supernodes": 4, "host": "127.0.0.1"}, True),
+        ({"database": False, "spawn_supernodes": 0, "host": "0.0.0.0"}, False),
+    ],
+)
 def test_superlink_state_in_file(deploy, in_file):
     """``deploy.database=auto`` keeps the state in a file only when SuperNodes not started here may join."""
     assert state_in_file(deploy, num_clients=4) is in_file
@@ -135,23 +154,36 @@ def _keys_file(tmp_path, lines: list[str]):
     return path
 
 
-@pytest.mark.parametrize("lines, message", [
-    (["2 {k2}", "3"], "line 2: expected '<partition-id>"),
-    (["2 {k2}", "x {k3}"], "line 2: expected"),
-    (["2 {k2}", "4 {k3}"], r"line 2: partition 4 is outside \[2, 4\)"),
-    (["1 {k2}", "3 {k3}"], r"line 1: partition 1 is outside \[2, 4\) \(0..1: SuperNodes spawned here"),
-    (["2 {k2}", "3 {k2}"], "line 2: key SHA256:.* already serves partition 2"),
-    (["2 {k2}", "2 {k3}"], "line 2: partition 2 already has a key"),
-    (["2 {k2}", "3 ecdsa-sha2-nistp384 AAAAnotbase64"], "line 2: not an OpenSSH public key"),
-    (["2 {k2}", "3 SHA256:short"], "line 2: 'SHA256:short' is not a SHA256 key fingerprint"),
-    (["2 {k2}"], r"gives no key for partitions \[3\]"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (["2 {k2}", "3"], "line 2: expected '<partition-id>"),
+        (["2 {k2}", "x {k3}"], "line 2: expected"),
+        (["2 {k2}", "4 {k3}"], r"line 2: partition 4 is outside \[2, 4\)"),
+        (["1 {k2}", "3 {k3}"], r"line 1: partition 1 is outside \[2, 4\) \(0..1: SuperNodes spawned here"),
+        (["2 {k2}", "3 {k2}"], "line 2: key SHA256:.* already serves partition 2"),
+        (["2 {k2}", "2 {k3}"], "line 2: partition 2 already has a key"),
+        (["2 {k2}", "3 ecdsa-sha2-nistp384 AAAAnotbase64"], "line 2: not an OpenSSH public key"),
+        (["2 {k2}", "3 SHA256:short"], "line 2: 'SHA256:short' is not a SHA256 key fingerprint"),
+        (["2 {k2}"], r"gives no key for partitions \[3\]"),
+    ],
+)
 def test_partition_keys_file_errors_are_one_line(tmp_path, deploy_data, lines, message):
     """deploy.partition_keys: every malformed file is a one-line ConfigError before any process starts."""
     keys = {f"k{i}": make_node_key(tmp_path / "keys", f"n{i}").public.read_text().strip() for i in (2, 3)}
     path = _keys_file(tmp_path, [line.format(**keys) for line in lines])
-    cfg = config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", "deploy.tls=true", "deploy.auth=true",
-                                                "deploy.spawn_supernodes=2", f"deploy.partition_keys={path}")))
+    cfg = config_lib.validate(
+        compose(
+            overrides(
+                deploy_data,
+                tmp_path / "run",
+                "deploy.tls=true",
+                "deploy.auth=true",
+                "deploy.spawn_supernodes=2",
+                f"deploy.partition_keys={path}",
+            )
+        )
+    )
     with pytest.raises(config_lib.ConfigError, match=message) as err:
         validate_deploy(cfg)
     assert "\n" not in str(err.value)
@@ -169,8 +201,9 @@ def test_partition_keys_file_accepts_keys_and_fingerprints(tmp_path, deploy_data
     assert ownership.check(cfg) == {key_fingerprint(k2): 2, key_fingerprint(k3): 3}
     with pytest.raises(config_lib.ConfigError, match="partition_keys"):  # auth, partitions not spawned, no file
         validate_deploy(config_lib.validate(compose(base)))
-    no_auth = config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", f"deploy.partition_keys={path}",
-                                                    "deploy.spawn_supernodes=2")))
+    no_auth = config_lib.validate(
+        compose(overrides(deploy_data, tmp_path / "run", f"deploy.partition_keys={path}", "deploy.spawn_supernodes=2"))
+    )
     with pytest.raises(config_lib.ConfigError, match="needs 'deploy.auth=true'"):
         validate_deploy(no_auth)
     with pytest.raises(config_lib.ConfigError, match="cannot read"):

@@ -15,11 +15,17 @@ pytestmark = pytest.mark.e2e
 
 
 def run_sim(args, ray_tmp, extra_env=None, timeout=120):
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": str(ray_tmp),
-           **(extra_env or {})}
+    env = {
+        **os.environ,
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "PYTHONUNBUFFERED": "1",
+        "RAY_TMPDIR": str(ray_tmp),
+        **(extra_env or {}),
+    }
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([str(BIN / "flower-simulation"), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [str(BIN / "flower-simulation"), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _unreadable(tmp_path, data):

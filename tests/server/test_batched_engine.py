@@ -12,12 +12,12 @@ stacked (vmap), where float32 sums may run in another order, so its final model 
 
 import numpy as np
 import pytest
-from engine_cases import STRATEGIES
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 from hydra import compose, initialize_config_dir
 
+from checks.engine_cases import STRATEGIES
 from client.app import app as client_app
 from server.batched.grid import BatchedGrid
 from server.ray.engine import backend_config
@@ -34,11 +34,25 @@ NUM_CLIENTS = 4
 def make_cfg(data, run_dir, *overrides):
     """A small complete experiment: 4 unequal clients (alpha = 1), C = 0.5 cyclic, 3 rounds, 1 epoch of B = 8."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=[
-            f"run_dir={run_dir}", f"data.root={data['tarball']}", f"data.cache_dir={data['cache']}",
-            f"num_clients={NUM_CLIENTS}", "num_rounds=3", "participation.fraction=0.5", "client.batch_size=8",
-            "client.torch_threads=1", "client.weight_decay=0.001", "eval_max_examples=20", "data.alpha=1.0",
-            "round_timeout=120", "plots=false", *overrides])
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                f"run_dir={run_dir}",
+                f"data.root={data['tarball']}",
+                f"data.cache_dir={data['cache']}",
+                f"num_clients={NUM_CLIENTS}",
+                "num_rounds=3",
+                "participation.fraction=0.5",
+                "client.batch_size=8",
+                "client.torch_threads=1",
+                "client.weight_decay=0.001",
+                "eval_max_examples=20",
+                "data.alpha=1.0",
+                "round_timeout=120",
+                "plots=false",
+                *overrides,
+            ],
+        )
     return config_lib.validate(config_lib.to_plain(cfg))
 
 
@@ -56,10 +70,14 @@ def relative_difference(a, b):
 def engines(tiny_data, tmp_path_factory):
     """Every (strategy, model) run on both engines: {(name, model): (ray run dir, batched run dir)}."""
     root = tmp_path_factory.mktemp("engines")
-    runs = {(name, model): (make_cfg(tiny_data, root / f"ray-{name}-{model}", f"model={model}", *extra),
-                            make_cfg(tiny_data, root / f"batched-{name}-{model}", f"model={model}", "engine=batched",
-                                     *extra))
-            for name, extra in STRATEGIES.items() for model in MODELS}
+    runs = {
+        (name, model): (
+            make_cfg(tiny_data, root / f"ray-{name}-{model}", f"model={model}", *extra),
+            make_cfg(tiny_data, root / f"batched-{name}-{model}", f"model={model}", "engine=batched", *extra),
+        )
+        for name, extra in STRATEGIES.items()
+        for model in MODELS
+    }
     errors: list[BaseException] = []
     server_app = ServerApp()
 
@@ -73,8 +91,13 @@ def engines(tiny_data, tmp_path_factory):
                 raise
 
     first = next(iter(runs.values()))[0]
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=NUM_CLIENTS, backend_name="ray",
-                   backend_config=backend_config(first))
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=NUM_CLIENTS,
+        backend_name="ray",
+        backend_config=backend_config(first),
+    )
     assert not errors, errors
     stacked = {}
     for i, (key, (_, batched_cfg)) in enumerate(runs.items()):

@@ -40,8 +40,16 @@ def dropper(reply: Message, msg: Message) -> Message:
 def test_broken_replies_are_rejected_and_counted(tiny_data, tmp_path, strategy):
     models = {}
     for name, tamper in (("broken", breaker), ("dropped", dropper)):
-        cfg = make_cfg(tiny_data, tmp_path / name, "model=logreg", "engine=batched", f"num_clients={NUM_NODES}",
-                       "participation.fraction=1.0", "num_rounds=2", *strategy)
+        cfg = make_cfg(
+            tiny_data,
+            tmp_path / name,
+            "model=logreg",
+            "engine=batched",
+            f"num_clients={NUM_NODES}",
+            "participation.fraction=1.0",
+            "num_rounds=2",
+            *strategy,
+        )
         grid = BatchedGrid(NUM_NODES, reply_filter=tamper, chunk_size=5)
         run_experiment(grid, cfg, cfg["run_dir"])
         assert grid.stacked_rounds == 2
@@ -64,14 +72,17 @@ def test_killed_and_resumed_batched_run_is_bitwise_the_same(tiny_data, tmp_path)
     full_and_resumed(tiny_data, tmp_path, ["engine=batched", "model=logreg", "strategy=fedhbm", "num_rounds=40"])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("engine.name=warp", "engine.name"),
-    ("engine.chunk_size=0", "engine.chunk_size"),
-    ("engine.vectorize=maybe", "engine.vectorize"),
-    ("engine.workers=0", "engine.workers"),
-    ("engine.device=tpu", "engine.device"),
-    ("backend.address=auto", "engine=batched"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("engine.name=warp", "engine.name"),
+        ("engine.chunk_size=0", "engine.chunk_size"),
+        ("engine.vectorize=maybe", "engine.vectorize"),
+        ("engine.workers=0", "engine.workers"),
+        ("engine.device=tpu", "engine.device"),
+        ("backend.address=auto", "engine=batched"),
+    ],
+)
 def test_bad_engine_settings_exit_2_before_any_work(tiny_data, tmp_path, override, message):
     extra = [override] if override.startswith("engine.name") else ["engine=batched", override]
     proc = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "run", *extra), timeout=120)
@@ -86,12 +97,21 @@ def test_bad_engine_settings_exit_2_before_any_work(tiny_data, tmp_path, overrid
 def test_batched_cli_run_writes_the_usual_run_dir(tiny_data, tmp_path, plots):
     """Every file of a run dir; with ``plots=false`` every one but the PNGs."""
     run_dir = tmp_path / "run"
-    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "engine=batched", "progress_every=0.001",
-                                                 f"plots={str(plots).lower()}"))
+    proc = run_cli(
+        "flower-simulation",
+        sim_args(tiny_data, run_dir, "engine=batched", "progress_every=0.001", f"plots={str(plots).lower()}"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
-    for name in ("metrics.csv", "metrics.jsonl", "final_model.npz", "summary.json", "config.json", "partition.csv",
-                 "partition.json"):
+    for name in (
+        "metrics.csv",
+        "metrics.jsonl",
+        "final_model.npz",
+        "summary.json",
+        "config.json",
+        "partition.csv",
+        "partition.json",
+    ):
         assert (run_dir / name).exists(), name
     pngs = sorted(p.name for p in run_dir.glob("*.png"))
     assert pngs == (["accuracy.png", "loss.png", "lr.png", "norm.png", "partition.png"] if plots else []), pngs
@@ -133,8 +153,15 @@ def test_engine_device_is_set_for_the_run_and_restored_after(tiny_data, tmp_path
 
     monkeypatch.setattr(engine, "run_experiment", spy)
     monkeypatch.setenv(DEVICE_ENV, "meta")  # whatever was there before the run comes back after it
-    cfg = make_cfg(tiny_data, tmp_path / "run", "engine=batched", "engine.workers=1", "engine.device=cpu",
-                   "num_rounds=1", "model=logreg")
+    cfg = make_cfg(
+        tiny_data,
+        tmp_path / "run",
+        "engine=batched",
+        "engine.workers=1",
+        "engine.device=cpu",
+        "num_rounds=1",
+        "model=logreg",
+    )
     engine.simulate(cfg)
     assert seen == [("cpu", train.torch.device("cpu"))]
     assert engine.os.environ[DEVICE_ENV] == "meta"

@@ -35,15 +35,15 @@ def test_paper_presets_hold_appendix_a_values(preset, expected, tiny_data):
     config_lib.validate(cfg)
 
 
-@pytest.mark.parametrize("group", ["fedavg", "fedavgm", "fedcm", "localupdate", "localupdate_decay", "ghbm",
-                                   "localghbm", "fedhbm"])
+@pytest.mark.parametrize(
+    "group", ["fedavg", "fedavgm", "fedcm", "localupdate", "localupdate_decay", "ghbm", "localghbm", "fedhbm"]
+)
 def test_every_strategy_group_validates(group, tiny_data):
     cfg = config_lib.validate(composed(f"strategy={group}", f"data.root={tiny_data['folder']}"))
     assert cfg["data"]["root"].startswith("/")
     static = config_lib.client_config(cfg)
     assert static["num-partitions"] == cfg["num_clients"] and static["data-root"] == cfg["data"]["root"]
     assert config_lib.decode(config_lib.encode(cfg)) == cfg
-
 
 
 @pytest.mark.parametrize("method", sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml")))
@@ -55,6 +55,7 @@ def test_every_method_preset_validates(method, tiny_data):
         s = cfg["strategy"]
         assert (s["server_lr_schedule"], s["client_lr_schedule"]) == ("inverse_time", "inverse_time")
         assert s["schedule_param"] == s["client_schedule_param"] > 0
+
 
 @pytest.mark.parametrize(
     "overrides, key",
@@ -83,8 +84,10 @@ def test_every_method_preset_validates(method, tiny_data):
         (["data=cifar10", "data.download=false", "data.root=/nonexistent"], "data.root"),
         (["strategy.server_lr_schedule=cosine"], "server_lr_schedule"),
         (["strategy.client_lr_schedule=cosine"], "strategy.client_lr_schedule"),
-        (["strategy.client_lr_schedule=exponential", "strategy.client_schedule_param=1.5"],
-         "strategy.client_lr_schedule"),
+        (
+            ["strategy.client_lr_schedule=exponential", "strategy.client_schedule_param=1.5"],
+            "strategy.client_lr_schedule",
+        ),
         (["strategy.server_lr_schedule=inverse_time", "strategy.schedule_param=0"], "strategy.server_lr_schedule"),
         (["client.loss_before_batches=-2"], "client.loss_before_batches"),
         (["client.torch_threads=-1"], "client.torch_threads"),
@@ -106,11 +109,15 @@ def test_invalid_values_name_the_key(overrides, key, tiny_data):
 
 def test_backend_resources_pass_to_ray():
     cfg = composed("backend.num_gpus=0.25", "backend.num_cpus=2", "backend.init_num_gpus=1")
-    assert backend_config(cfg) == {"client_resources": {"num_cpus": 2.0, "num_gpus": 0.25},
-                                   "init_args": {"address": "local", "num_gpus": 1}}
+    assert backend_config(cfg) == {
+        "client_resources": {"num_cpus": 2.0, "num_gpus": 0.25},
+        "init_args": {"address": "local", "num_gpus": 1},
+    }
     joined = composed("backend.address=10.0.0.5:6379")
     assert backend_config(joined, "10.0.0.5:6379", gpus_visible=True) == {
-        "client_resources": {"num_cpus": 1.0, "num_gpus": 0.25}, "init_args": {"address": "10.0.0.5:6379"}}
+        "client_resources": {"num_cpus": 1.0, "num_gpus": 0.25},
+        "init_args": {"address": "10.0.0.5:6379"},
+    }
 
 
 def test_gpu_share_defaults_to_auto_and_is_zero_without_cuda():
@@ -122,10 +129,12 @@ def test_gpu_share_defaults_to_auto_and_is_zero_without_cuda():
     assert backend_config(cfg)["client_resources"]["num_gpus"] == expected
 
 
-@pytest.mark.parametrize("preset, tau, weight_decay", [("ghbm_cnn", 10, 1e-4), ("ghbm_resnet20", 10, 1e-5),
-                                                        ("fedhbm_cnn", None, 1e-4), ("fedhbm_resnet20", None, 1e-5)])
+@pytest.mark.parametrize(
+    "preset, tau, weight_decay",
+    [("ghbm_cnn", 10, 1e-4), ("ghbm_resnet20", 10, 1e-5), ("fedhbm_cnn", None, 1e-4), ("fedhbm_resnet20", None, 1e-5)],
+)
 def test_ghbm_presets_hold_the_authors_values_and_build_their_strategy(preset, tau, weight_decay, tiny_data):
-    from server.run.build import build_strategy
+    from server.run.strategy_factory import build_strategy
 
     cfg = config_lib.validate(composed(f"+experiment={preset}", f"data.root={tiny_data['tarball']}"))
     assert cfg["strategy"].get("tau") == tau and cfg["client"]["weight_decay"] == weight_decay
@@ -139,22 +148,31 @@ def test_ghbm_presets_hold_the_authors_values_and_build_their_strategy(preset, t
 
 
 def test_tail_rounds_cover_the_last_eval_tail_rounds_before_each_horizon():
-    from server.run.app import _tail_rounds
+    from server.run.app import tail_rounds
 
-    assert _tail_rounds({"num_rounds": 20, "eval_tail": 3, "eval_tail_at": [10]}) == {8, 9, 10, 18, 19, 20}
-    assert _tail_rounds({"num_rounds": 20, "eval_tail": 3}) == {18, 19, 20}
-    assert _tail_rounds({"num_rounds": 20, "eval_tail": 0, "eval_tail_at": [10]}) == set()
-    assert _tail_rounds({"num_rounds": 5, "eval_tail": 8, "eval_tail_at": [2]}) == {1, 2, 3, 4, 5}
+    assert tail_rounds({"num_rounds": 20, "eval_tail": 3, "eval_tail_at": [10]}) == {8, 9, 10, 18, 19, 20}
+    assert tail_rounds({"num_rounds": 20, "eval_tail": 3}) == {18, 19, 20}
+    assert tail_rounds({"num_rounds": 20, "eval_tail": 0, "eval_tail_at": [10]}) == set()
+    assert tail_rounds({"num_rounds": 5, "eval_tail": 8, "eval_tail_at": [2]}) == {1, 2, 3, 4, 5}
 
 
 def test_a_checkpoint_from_before_the_client_schedule_resumes_and_a_changed_one_does_not():
     """Checkpoints written before ``strategy.client_lr_schedule`` existed hold no such key: they had the constant
     schedule, so they resume; a run whose schedule, lr or seed differs from its checkpoint's does not."""
-    from server.run.app import resume_mismatch
+    from server.run.checkpoint import resume_mismatch
 
-    now = {"strategy": {"name": "fedavg", "client_lr": 0.1, "client_lr_schedule": "constant",
-                        "client_schedule_param": 1.0}, "model": {"name": "cnn"}, "num_clients": 10,
-           "participation": {"mode": "cyclic"}, "seed": 0}
+    now = {
+        "strategy": {
+            "name": "fedavg",
+            "client_lr": 0.1,
+            "client_lr_schedule": "constant",
+            "client_schedule_param": 1.0,
+        },
+        "model": {"name": "cnn"},
+        "num_clients": 10,
+        "participation": {"mode": "cyclic"},
+        "seed": 0,
+    }
     before = {**now, "strategy": {"name": "fedavg", "client_lr": 0.1}}
     assert resume_mismatch(before, now) is None and resume_mismatch(now, now) is None
     scheduled = {**now, "strategy": {**now["strategy"], "client_lr_schedule": "polynomial"}}

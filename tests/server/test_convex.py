@@ -17,16 +17,25 @@ from server.convex.objective import BIAS, WEIGHT
 from server.convex.optimum import PopulationGap, cache_path, objective, optimum
 from server.convex.solver import TOL, solve
 from server.run import config as config_lib
-from server.run.build import Evaluator, client_partitions, server_dataset
+from server.run.data import server_dataset
+from server.run.evaluator import Evaluator
+from server.run.partitions import client_partitions
 
 MU = 1e-2
 NUM_CLIENTS = 7  # 120 examples: partitions of 17 and 18, so the client weights differ from 1/n
 
 
 def overrides(data, *extra):
-    return [f"data.root={data['tarball']}", f"data.cache_dir={data['cache']}", "model=logreg",
-            f"client.weight_decay={MU}", f"num_clients={NUM_CLIENTS}", "participation.fraction=1",
-            "eval_train=true", *extra]
+    return [
+        f"data.root={data['tarball']}",
+        f"data.cache_dir={data['cache']}",
+        "model=logreg",
+        f"client.weight_decay={MU}",
+        f"num_clients={NUM_CLIENTS}",
+        "participation.fraction=1",
+        "eval_train=true",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +86,7 @@ def test_value_gradient_and_hessian_equal_autograd_of_the_model(problem):
     np.testing.assert_allclose(obj.grad(w), flat_grad.detach().numpy(), rtol=1e-10, atol=1e-14)
     vt = torch.from_numpy(v)
     hv = torch.autograd.grad(flat_grad @ vt, params)
-    np.testing.assert_allclose(obj.hessp(w, v), torch.cat([hv[0].reshape(-1), hv[1]]).numpy(), rtol=1e-9,
-                               atol=1e-13)
+    np.testing.assert_allclose(obj.hessp(w, v), torch.cat([hv[0].reshape(-1), hv[1]]).numpy(), rtol=1e-9, atol=1e-13)
 
 
 def test_value_is_the_runs_pop_loss_plus_the_weight_decay_term(problem):
@@ -188,8 +196,9 @@ def test_flower_optimum_bad_input_exits_2_with_one_line(tiny_data, tmp_path, ext
 )
 def test_eval_gap_config_errors_exit_2_before_any_work(tiny_data, tmp_path, extra, message):
     run_dir = tmp_path / "run"
-    proc = run_cli("flower-simulation", [*overrides(tiny_data), "engine=batched", f"hydra.run.dir={run_dir}", *extra],
-                   timeout=120)
+    proc = run_cli(
+        "flower-simulation", [*overrides(tiny_data), "engine=batched", f"hydra.run.dir={run_dir}", *extra], timeout=120
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert not (run_dir / "metrics.csv").exists()

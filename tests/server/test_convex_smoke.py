@@ -17,7 +17,7 @@ from server.convex.solver import TOL
 from server.report.metrics import read_metrics
 from server.report.runs import load_run
 from server.report.stats import ci_half_width, paired, summarise
-from server.run.build import server_dataset
+from server.run.data import server_dataset
 
 MU = 0.01
 SEEDS = (0, 1)
@@ -27,12 +27,27 @@ STRATEGIES = ("fedavg", "fedcm")
 @pytest.fixture(scope="module")
 def sweep(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("convex_sweep")
-    args = ["-m", f"data.root={tiny_data['tarball']}", f"data.cache_dir={tiny_data['cache']}", "engine=batched",
-            "model=logreg", f"client.weight_decay={MU}", "client.augment=false", "num_clients=4",
-            "participation.fraction=0.5", "num_rounds=3", "client.local_steps=2", "client.batch_size=8",
-            "eval_max_examples=20", "eval_train=true", "eval_gap=true", f"strategy={','.join(STRATEGIES)}",
-            f"seed={','.join(map(str, SEEDS))}", f"hydra.sweep.dir={root}",
-            "hydra.sweep.subdir=${hydra.job.num}_${strategy.name}_m${strategy.momentum}_s${seed}"]
+    args = [
+        "-m",
+        f"data.root={tiny_data['tarball']}",
+        f"data.cache_dir={tiny_data['cache']}",
+        "engine=batched",
+        "model=logreg",
+        f"client.weight_decay={MU}",
+        "client.augment=false",
+        "num_clients=4",
+        "participation.fraction=0.5",
+        "num_rounds=3",
+        "client.local_steps=2",
+        "client.batch_size=8",
+        "eval_max_examples=20",
+        "eval_train=true",
+        "eval_gap=true",
+        f"strategy={','.join(STRATEGIES)}",
+        f"seed={','.join(map(str, SEEDS))}",
+        f"hydra.sweep.dir={root}",
+        "hydra.sweep.subdir=${hydra.job.num}_${strategy.name}_m${strategy.momentum}_s${seed}",
+    ]
     proc = run_cli("flower-simulation", args, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = sorted(p.parent for p in root.glob("*/metrics.jsonl"))
@@ -146,7 +161,8 @@ def test_statistics_on_known_answers():
     b = a + rng.normal(0.3, 0.2, size=6)
     test, r = scipy_stats.ttest_rel(b, a), paired(a, b)
     assert (r.t, r.p) == (pytest.approx(test.statistic, rel=1e-12), pytest.approx(test.pvalue, rel=1e-10))
-    assert ci_half_width(b - a) == pytest.approx(np.diff(scipy_stats.t.interval(
-        0.95, 5, loc=0, scale=scipy_stats.sem(b - a)))[0] / 2, rel=1e-12)
+    assert ci_half_width(b - a) == pytest.approx(
+        np.diff(scipy_stats.t.interval(0.95, 5, loc=0, scale=scipy_stats.sem(b - a)))[0] / 2, rel=1e-12
+    )
     constant = paired([1.0, 2.0], [1.5, 2.5])  # every difference 0.5: no spread, certain
     assert (constant.mean, constant.ci, constant.p) == (0.5, 0.0, 0.0)

@@ -34,9 +34,14 @@ def test_plot_any_column_log_scale(tmp_path):
     assert json.loads(out.with_suffix(".json").read_text())["strategy.name=a"]["round"] == [1, 3]  # rounds all have
 
 
-@pytest.mark.parametrize("metric, message", [("gap", "--metric must be a metrics.csv column"),
-                                             ("round", "--metric must be a metrics.csv column"),
-                                             ("avg_pop_gap", "no run directory with avg_pop_gap rows")])
+@pytest.mark.parametrize(
+    "metric, message",
+    [
+        ("gap", "--metric must be a metrics.csv column"),
+        ("round", "--metric must be a metrics.csv column"),
+        ("avg_pop_gap", "no run directory with avg_pop_gap rows"),
+    ],
+)
 def test_bad_metric_is_one_line_exit_2(tmp_path, capsys, metric, message):
     write_run(tmp_path / "r", "a", 0, [1.0])
     with pytest.raises(SystemExit) as err:

@@ -33,7 +33,8 @@ def test_fedhbm_client_state_survives_a_resume_bitwise(tiny_data, tmp_path):
     assert sorted(r for _, r, _ in files) == [1, 1, 2, 2, 3, 3, 4, 4] and len({s for _, _, s in files}) == 1
     rows_a, rows_b = read_metrics(full_dir), read_metrics(killed_dir)
     assert [(r["round"], r["loss"], r.get("train_loss")) for r in rows_a] == [
-        (r["round"], r["loss"], r.get("train_loss")) for r in rows_b]
+        (r["round"], r["loss"], r.get("train_loss")) for r in rows_b
+    ]
     resumed_files = state_files(killed_dir)
     assert len({run for run in os.listdir(killed_dir / "client_state")}) == 1  # one run id across the resume
     assert len({s for _, _, s in resumed_files}) == 2  # states of the first and of the resumed server start
@@ -48,8 +49,7 @@ def test_the_ghbm_family_runs_on_cifar_like_data(tiny_data, tmp_path):
     models = {}
     for name, extra in (("ghbm", ["strategy=ghbm", "strategy.tau=2"]), ("localghbm", ["strategy=localghbm"])):
         run_dir = tmp_path / name
-        proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *IN_PROCESS, "num_rounds=4",
-                                                     *extra))
+        proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *IN_PROCESS, "num_rounds=4", *extra))
         assert proc.returncode == 0, proc.stderr[-2000:]
         rows = read_metrics(run_dir)
         assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]

@@ -1,5 +1,6 @@
-"""server/ray/linkstate.py: the simulation's LinkState indexed by node gives Flower's own answers, checking only the
-node's messages (the Ray engine installs it; docs/benchmarks.md "The Ray engine at Stack Overflow's size")."""
+"""server.internals.flower_link_state: the simulation's LinkState indexed by node gives Flower's own answers,
+checking only the node's messages (the Ray engine installs it; docs/benchmarks.md "The Ray engine at Stack Overflow's
+size")."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from server.ray import linkstate
+from server.internals import flower_link_state as linkstate
 
 RUN_ID, TASK_ID = 7, 11
 
@@ -50,8 +51,10 @@ def _federation(num_nodes: int) -> tuple[InMemoryLinkState, InMemoryGrid, list[i
 
 def _push(grid: InMemoryGrid, nodes: list[int], targets: list[int]) -> list[str]:
     """One QUERY message to ``nodes[t]`` for each t of ``targets``, in that order; their ids."""
-    messages = [Message(RecordDict({"config": ConfigRecord({"k": k})}), dst_node_id=nodes[t],
-                        message_type=MessageType.QUERY) for k, t in enumerate(targets)]
+    messages = [
+        Message(RecordDict({"config": ConfigRecord({"k": k})}), dst_node_id=nodes[t], message_type=MessageType.QUERY)
+        for k, t in enumerate(targets)
+    ]
     return list(grid.push_messages(messages))
 
 
@@ -62,7 +65,7 @@ def _scenario(get) -> list[tuple]:
     targets = [0, 2, 0, 5, 3, 0, 5, 4]
     ids = _push(grid, nodes, targets)
     where = {mid: k for k, mid in enumerate(ids)}
-    state.message_ins_store[ids[4]].metadata.__dict__["_created_at"] -= 10 ** 7  # node 3's message expired
+    state.message_ins_store[ids[4]].metadata.__dict__["_created_at"] -= 10**7  # node 3's message expired
     log: list[tuple] = []
 
     def poll(node: int, limit: int | None, **kw) -> None:
@@ -93,8 +96,11 @@ def test_a_poll_checks_only_its_nodes_messages(monkeypatch):
     _push(grid, nodes, [n % 50 for n in range(200)])  # 4 messages for every node
     checked = []
     original = InMemoryLinkState._check_stored_messages
-    monkeypatch.setattr(InMemoryLinkState, "_check_stored_messages",
-                        lambda self, ids, run_id=None: (checked.extend(ids), original(self, ids, run_id))[1])
+    monkeypatch.setattr(
+        InMemoryLinkState,
+        "_check_stored_messages",
+        lambda self, ids, run_id=None: (checked.extend(ids), original(self, ids, run_id))[1],
+    )
     assert len(InMemoryLinkState.get_message_ins(state, nodes[7], limit=None)) == 4
     assert len(checked) == 4  # the node's own messages only
     checked.clear()

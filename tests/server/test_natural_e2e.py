@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from natural_datagen import MAKERS, write
 from simcli import IN_PROCESS, run_cli
+
+from tools.natural_datagen import MAKERS, write
 
 pytestmark = pytest.mark.e2e
 
@@ -23,9 +24,17 @@ def test_seed001_preset_runs(task, metric, tmp_path):
     tests/server/test_ray_cluster.py, to the batched engine's model bitwise) and on the batched engine."""
     root = write(MAKERS[task](num_clients=4), tmp_path / "copy")
     run_dir = tmp_path / "run"
-    args = [f"+experiment=seed001_{task}", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "num_rounds=2",
-            "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1", "eval_every=1",
-            "plots=false"]
+    args = [
+        f"+experiment=seed001_{task}",
+        f"data.root={root}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "num_rounds=2",
+        "participation.clients_per_round=2",
+        "client.local_steps=2",
+        "client.torch_threads=1",
+        "eval_every=1",
+        "plots=false",
+    ]
     engine = [*IN_PROCESS] if task == "femnist" else []
     proc = run_cli("flower-simulation", [*args, *engine, f"hydra.run.dir={run_dir}"], timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -50,15 +59,34 @@ def test_seed001_preset_runs(task, metric, tmp_path):
 
 
 def test_offline_download_is_one_line_before_ray(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "RAY_TMPDIR": str(tmp_path / "ray")}
-    args = ["data=femnist", "model=femnist_cnn", "num_clients=all", f"data.cache_dir={tmp_path / 'cache'}",
-            f"hydra.run.dir={tmp_path / 'r'}"]
-    proc = subprocess.run([str(Path(sys.executable).parent / "flower-simulation"), *args], capture_output=True,
-                          text=True, timeout=120, env=env)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "RAY_TMPDIR": str(tmp_path / "ray"),
+    }
+    args = [
+        "data=femnist",
+        "model=femnist_cnn",
+        "num_clients=all",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'r'}",
+    ]
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "flower-simulation"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert proc.returncode == 2, proc.stdout + proc.stderr
     # the reason is the Hub's, not an error of ours before it (the download once failed with a TypeError first)
-    assert len(lines) == 1 and "'data.download': could not download 'flwrlabs/femnist' for femnist: ConnectionError: " \
-        "Couldn't reach 'flwrlabs/femnist' on the Hub" in lines[0], lines
+    assert (
+        len(lines) == 1
+        and "'data.download': could not download 'flwrlabs/femnist' for femnist: ConnectionError: "
+        "Couldn't reach 'flwrlabs/femnist' on the Hub"
+        in lines[0]
+    ), lines
     assert not (tmp_path / "ray").exists() or not any((tmp_path / "ray").rglob("session_*"))

@@ -30,15 +30,30 @@ def query(msg: Message, context: Context) -> Message:
 def test_no_answering_node_fails_the_run_with_status_failed(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=[
-            f"run_dir={run_dir}", f"data.root={tiny_data['tarball']}", f"data.cache_dir={tiny_data['cache']}",
-            "num_clients=2", "num_rounds=3", "participation.fraction=0.5", "participation.wait_timeout=3",
-            "round_timeout=10", "eval_max_examples=20"])
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                f"run_dir={run_dir}",
+                f"data.root={tiny_data['tarball']}",
+                f"data.cache_dir={tiny_data['cache']}",
+                "num_clients=2",
+                "num_rounds=3",
+                "participation.fraction=0.5",
+                "participation.wait_timeout=3",
+                "round_timeout=10",
+                "eval_max_examples=20",
+            ],
+        )
     cfg = config_lib.validate(config_lib.to_plain(cfg))
     result: dict = {}
     with pytest.raises(NoNodesError, match=r"participation\.wait_timeout=3 s"):  # flower-simulation: exit 1
-        run_simulation(make_server_app(cfg, result), silent_app, num_supernodes=2, backend_name="ray",
-                       backend_config=backend_config(cfg))
+        run_simulation(
+            make_server_app(cfg, result),
+            silent_app,
+            num_supernodes=2,
+            backend_name="ray",
+            backend_config=backend_config(cfg),
+        )
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "failed" and status["round"] == 0 and "no client node" in status["reason"]
     with open(run_dir / "metrics.csv") as f:

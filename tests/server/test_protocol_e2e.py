@@ -26,16 +26,31 @@ from strategies.participation import make_schedule
 
 pytestmark = pytest.mark.e2e
 GAMMAS, ETAS, SEEDS = ("0.05", "0.1"), ("0.01", "1e30"), (0, 1)
-FIXED = [*IN_PROCESS, "strategy=localupdate", "strategy.server_optimizer=yogi", "participation=uniform",
-         "eval_train=true", "num_rounds=3", "client.loss_before_batches=1", "plots=true"]
+FIXED = [
+    *IN_PROCESS,
+    "strategy=localupdate",
+    "strategy.server_optimizer=yogi",
+    "participation=uniform",
+    "eval_train=true",
+    "num_rounds=3",
+    "client.loss_before_batches=1",
+    "plots=true",
+]
 
 
 @pytest.fixture(scope="module")
 def sweep(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("protocol")
-    args = ["-m", *sim_args(tiny_data, root / "unused")[:-1], *FIXED, f"strategy.client_lr={','.join(GAMMAS)}",
-            f"strategy.server_lr={','.join(ETAS)}", f"seed={SEEDS[0]},{SEEDS[1]}", f"hydra.sweep.dir={root}",
-            "hydra.sweep.subdir=g${strategy.client_lr}_e${strategy.server_lr}_s${seed}"]
+    args = [
+        "-m",
+        *sim_args(tiny_data, root / "unused")[:-1],
+        *FIXED,
+        f"strategy.client_lr={','.join(GAMMAS)}",
+        f"strategy.server_lr={','.join(ETAS)}",
+        f"seed={SEEDS[0]},{SEEDS[1]}",
+        f"hydra.sweep.dir={root}",
+        "hydra.sweep.subdir=g${strategy.client_lr}_e${strategy.server_lr}_s${seed}",
+    ]
     proc = run_cli("flower-simulation", args, timeout=900)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]  # the sweep ran on, then exit 3
     assert "4 job(s) diverged" in proc.stderr
@@ -89,8 +104,16 @@ def test_update_norms_by_hand(sweep):
     with np.load(run / "checkpoint" / "arrays.npz") as npz:
         prev = {k.split("/", 1)[1]: npz[k] for k in npz.files if k.startswith("prev_model/")}
     schedule = make_schedule("uniform", cfg["num_clients"], cfg["participation"]["fraction"], cfg["seed"])
-    round_config = {**config_lib.client_config(cfg), "torch-threads": 1, "algorithm": "localupdate",
-                    "server-round": 3, "server-lr": 0.01, "momentum": 0.0, "client-lr": 0.1, "theta": "fedavg"}
+    round_config = {
+        **config_lib.client_config(cfg),
+        "torch-threads": 1,
+        "algorithm": "localupdate",
+        "server-round": 3,
+        "server-lr": 0.01,
+        "momentum": 0.0,
+        "client-lr": 0.1,
+        "theta": "fedavg",
+    }
     updates, weights = [], []
     for pid in schedule.clients_for_round(3):
         arrays, metrics = train_on_partition(round_config, prev, pid)
@@ -98,8 +121,9 @@ def test_update_norms_by_hand(sweep):
         weights.append(metrics["num-examples"])
     row = read_metrics(run)[3]
     assert row["update_norm"] == pytest.approx(fm.l2_norm(fm.weighted_mean(updates, weights)), rel=1e-5)
-    by_hand = sum(w * math.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a in q))
-                  for q, w in zip(updates, weights)) / sum(weights)
+    by_hand = sum(
+        w * math.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a in q)) for q, w in zip(updates, weights)
+    ) / sum(weights)
     assert row["client_update_norm"] == pytest.approx(by_hand, rel=1e-5)
 
 
@@ -110,8 +134,22 @@ def read_report(out):
 
 def test_flower_report_cell_by_cell(sweep, tmp_path):
     out = tmp_path / "report"
-    proc = report(sweep, "--best-per", "strategy.client_lr", "--select", "strategy.server_lr", "--minimize",
-                  "pop_loss", "--last", "2", "--grid", "strategy.server_lr", "strategy.client_lr", "--out", out)
+    proc = report(
+        sweep,
+        "--best-per",
+        "strategy.client_lr",
+        "--select",
+        "strategy.server_lr",
+        "--minimize",
+        "pop_loss",
+        "--last",
+        "2",
+        "--grid",
+        "strategy.server_lr",
+        "strategy.client_lr",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = read_report(out)
     assert len(rows) == 4
@@ -126,8 +164,12 @@ def test_flower_report_cell_by_cell(sweep, tmp_path):
         assert float(ok["pop_loss_last2_mean"]) == pytest.approx(np.mean(lasts), rel=1e-12)
         assert float(ok["pop_loss_last2_std"]) == pytest.approx(np.std(lasts), rel=1e-9, abs=1e-15)
         bad = rows[(str(float(gamma)), "1e+30")]
-        assert (bad["finished"], bad["diverged"], bad["selected"], bad["pop_loss_final_mean"]) == ("0", "2", "False",
-                                                                                                  "")
+        assert (bad["finished"], bad["diverged"], bad["selected"], bad["pop_loss_final_mean"]) == (
+            "0",
+            "2",
+            "False",
+            "",
+        )
         assert bad["note"] == "diverged at round 1"
     md = (out / "report.md").read_text()
     assert "## Best strategy.server_lr per strategy.client_lr" in md and md.count("diverged at round 1") >= 6
@@ -184,12 +226,10 @@ def test_report_of_a_folder_without_runs_exits_2(tmp_path):
 
 def test_yogi_state_survives_a_resume_bitwise(sweep, tiny_data, tmp_path):
     """2 rounds, then resume=true to 3 rounds == the sweep's uninterrupted 3-round job (m, v from the checkpoint)."""
-    extra = [*FIXED[:-2], "client.loss_before_batches=1", "strategy.client_lr=0.1", "strategy.server_lr=0.01",
-             "seed=0"]
+    extra = [*FIXED[:-2], "client.loss_before_batches=1", "strategy.client_lr=0.1", "strategy.server_lr=0.01", "seed=0"]
     first = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "run", *extra, "num_rounds=2"))
     assert first.returncode == 0, first.stderr[-2000:]
-    resumed = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "run", *extra, "num_rounds=3",
-                                                    "resume=true"))
+    resumed = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "run", *extra, "num_rounds=3", "resume=true"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     full = job(sweep, "0.1", "0.01", 0)
     for name in ("final_model.npz", "checkpoint/arrays.npz"):

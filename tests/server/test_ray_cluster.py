@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from natural_datagen import MAKERS, write
-from raytools import BIN, RayNodes, private_ray_tmp, ray_env
 from simcli import IN_PROCESS, run_cli, sim_args
 
 from server.report.metrics import read_metrics
+from tools.natural_datagen import MAKERS, write
+from tools.raytools import BIN, RayNodes, private_ray_tmp, ray_env
 
 pytestmark = pytest.mark.e2e
 
@@ -66,10 +66,13 @@ def _watch_actors(proc: subprocess.Popen, ray_tmp: Path) -> dict[int, tuple[int,
 
 def test_clients_run_on_both_nodes_and_the_model_equals_a_single_node_run(cluster, tiny_data, tmp_path):
     extra = ("num_rounds=2", "client.torch_threads=1")
-    proc = subprocess.Popen([str(BIN / "flower-simulation"),
-                             *sim_args(tiny_data, tmp_path / "cluster", *extra, "backend.address=auto")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=ray_env(cluster.ray_tmp))
+    proc = subprocess.Popen(
+        [str(BIN / "flower-simulation"), *sim_args(tiny_data, tmp_path / "cluster", *extra, "backend.address=auto")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ray_env(cluster.ray_tmp),
+    )
     seen = _watch_actors(proc, cluster.ray_tmp)
     output = proc.communicate()[0]
     assert proc.returncode == 0, output[-4000:]
@@ -94,12 +97,25 @@ def test_a_natural_task_runs_on_both_nodes(cluster, tmp_path):
     preset's Ray run: tests/server/test_natural_e2e.py runs it on the batched engine only."""
     root = write(MAKERS["femnist"](num_clients=4), tmp_path / "copy")
     run_dir = tmp_path / "run"
-    preset = ["+experiment=seed001_femnist", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}",
-              "num_rounds=2", "participation.clients_per_round=2", "client.local_steps=2", "client.torch_threads=1",
-              "eval_every=1", "plots=false"]
+    preset = [
+        "+experiment=seed001_femnist",
+        f"data.root={root}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "num_rounds=2",
+        "participation.clients_per_round=2",
+        "client.local_steps=2",
+        "client.torch_threads=1",
+        "eval_every=1",
+        "plots=false",
+    ]
     args = [*preset, "backend.address=auto", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen([str(BIN / "flower-simulation"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ray_env(cluster.ray_tmp))
+    proc = subprocess.Popen(
+        [str(BIN / "flower-simulation"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ray_env(cluster.ray_tmp),
+    )
     seen = _watch_actors(proc, cluster.ray_tmp)
     output = proc.communicate()[0]
     assert proc.returncode == 0, output[-4000:]
@@ -107,8 +123,7 @@ def test_a_natural_task_runs_on_both_nodes(cluster, tmp_path):
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [0, 1, 2] and all(r["num_replies"] == 2 for r in rows[1:])
     assert {group for group, ran in seen.values() if ran} == set(cluster.groups), f"ClientApp actors seen: {seen}"
-    batched = run_cli("flower-simulation", [*preset, *IN_PROCESS, f"hydra.run.dir={tmp_path / 'batched'}"],
-                      timeout=400)
+    batched = run_cli("flower-simulation", [*preset, *IN_PROCESS, f"hydra.run.dir={tmp_path / 'batched'}"], timeout=400)
     assert batched.returncode == 0, batched.stderr[-3000:]
     a, b = np.load(run_dir / "final_model.npz"), np.load(tmp_path / "batched" / "final_model.npz")
     assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
@@ -119,8 +134,13 @@ def test_a_node_that_cannot_load_the_data_stops_the_run_before_it_starts(cluster
     """A third node whose decode cache cannot be created (its FEDMOMENTUM_CACHE points into /proc)."""
     cluster.add_worker(num_cpus=1, env={"FEDMOMENTUM_CACHE": "/proc/version/cache"})
     args = [a for a in sim_args(tiny_data, tmp_path / "bad", "backend.address=auto") if "cache_dir" not in a]
-    proc = subprocess.run([str(BIN / "flower-simulation"), *args], capture_output=True, text=True, timeout=300,
-                          env=ray_env(cluster.ray_tmp))
+    proc = subprocess.run(
+        [str(BIN / "flower-simulation"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ray_env(cluster.ray_tmp),
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     [line] = proc.stderr.strip().splitlines()
     assert "'data.cache_dir' on node " in line and "/proc/version/cache" in line

@@ -1,7 +1,8 @@
 """Ray's wait for the GCS port file leaves the GIL to other threads (issue 18: the start-up signal freeze).
 
 Ray's own ``wait_for_persisted_port`` polls for the file in C++ holding the GIL, so a dead GCS froze every other
-thread of the driver for 30 s; :mod:`server.ray.gil` waits with the GIL released, then lets Ray read the file.
+thread of the driver for 30 s; :mod:`~server.internals.ray_port_wait` waits with the GIL released, then lets Ray
+read the file.
 """
 
 import threading
@@ -9,7 +10,7 @@ import threading
 import pytest
 from ray._raylet import get_port_filename, persist_port, wait_for_persisted_port
 
-from server.ray import gil as ray_gil
+from server.internals import ray_port_wait as ray_gil
 
 NODE_ID = "ab" * 28
 

@@ -8,8 +8,9 @@ import sys
 from server.ray import leftovers
 
 # a child that ignores SIGTERM and would run for an hour: only SIGKILL ends it; it says when it is up
-STUBBORN = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('up', flush=True); time.sleep(3600)")
+STUBBORN = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(3600)"
+)
 QUICK = "print('up', flush=True)"
 
 

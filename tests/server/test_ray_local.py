@@ -10,16 +10,24 @@ import subprocess
 import time
 
 import pytest
-from datagen import make_image_folder
-from raytools import BIN, free_port, private_ray_tmp, processes_with, ray_env, wait_gone
 from simcli import sim_args
 
 from server.report.metrics import read_metrics
 from server.run.procs import cmdline
+from tools.datagen import make_image_folder
+from tools.raytools import BIN, free_port, private_ray_tmp, processes_with, ray_env, wait_gone
 
 pytestmark = pytest.mark.e2e
-NOISE = ("DEPRECATED FEATURE", "run_simulation", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "FutureWarning",
-         "DeprecationWarning", "fraction_evaluate", "Failed to connect to GCS", "Traceback")
+NOISE = (
+    "DEPRECATED FEATURE",
+    "run_simulation",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO",
+    "FutureWarning",
+    "DeprecationWarning",
+    "fraction_evaluate",
+    "Failed to connect to GCS",
+    "Traceback",
+)
 
 
 @pytest.fixture
@@ -41,8 +49,13 @@ def _stale_cluster_file(ray_tmp):
 
 
 def _run(args, ray_tmp, timeout=300, **env):
-    return subprocess.run([str(BIN / "flower-simulation"), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=ray_env(ray_tmp, **env))
+    return subprocess.run(
+        [str(BIN / "flower-simulation"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ray_env(ray_tmp, **env),
+    )
 
 
 @pytest.mark.smoke  # the end-to-end simulation of `make test-fast`
@@ -83,8 +96,12 @@ def test_ray_workers_that_do_not_exit_end_with_the_run(tiny_data, tmp_path, ray_
     site.mkdir()
     (site / "sitecustomize.py").write_text(LINGER)
     pythonpath = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    proc = _run(sim_args(tiny_data, tmp_path / "run"), ray_tmp, PYTHONPATH=pythonpath,
-                RAY_kill_child_processes_on_worker_exit="0")
+    proc = _run(
+        sim_args(tiny_data, tmp_path / "run"),
+        ray_tmp,
+        PYTHONPATH=pythonpath,
+        RAY_kill_child_processes_on_worker_exit="0",
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2]
@@ -127,8 +144,14 @@ def test_signal_ends_the_run_in_any_phase(eval_data, tmp_path, ray_tmp, phase, s
     run_dir = tmp_path / "run"
     slow_phase = ["model=resnet20", "eval_max_examples=0"] if phase is _evaluating else []  # a long evaluation
     args = sim_args(eval_data, run_dir, *slow_phase, "client.local_steps=20", "num_rounds=3")
-    proc = subprocess.Popen([str(BIN / "flower-simulation"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ray_env(ray_tmp), start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BIN / "flower-simulation"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ray_env(ray_tmp),
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         while not phase(ray_tmp, run_dir) and proc.poll() is None and time.time() < deadline:
@@ -152,4 +175,3 @@ def test_signal_ends_the_run_in_any_phase(eval_data, tmp_path, ray_tmp, phase, s
     rounds = [r["round"] for r in read_metrics(run_dir)]
     assert rounds == ([0] if phase is _mid_round else []), "the signal should have come in that phase"
     assert not wait_gone(str(ray_tmp)), "processes of the run outlived it"
-

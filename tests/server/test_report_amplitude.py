@@ -47,8 +47,12 @@ def sweep(tmp_path):
     for method, amps in AMPS.items():
         lr = {"a": 0.1, "b": 0.2, "c": 0.3}[method]  # each method's own "tuned" lr: goes with the method
         for seed, amp in enumerate(amps):
-            write_job(root, f"{method}_s{seed}", {"+method": method, "strategy.client_lr": lr, "seed": seed},
-                      series(40, amp, 1e-3 * (seed + 1), tail=12))
+            write_job(
+                root,
+                f"{method}_s{seed}",
+                {"+method": method, "strategy.client_lr": lr, "seed": seed},
+                series(40, amp, 1e-3 * (seed + 1), tail=12),
+            )
     return root
 
 
@@ -71,8 +75,20 @@ def test_cycle_amplitude_known_answers():
 
 def test_report_amplitude_ci_figures_and_multi_compare(sweep, tmp_path):
     out = tmp_path / "out"
-    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--amplitude", "--compare", "method=a", "method=b",
-                  "method=c", "--out", out)
+    proc = report(
+        sweep,
+        "--metric",
+        "pop_gap",
+        "--last",
+        "4",
+        "--amplitude",
+        "--compare",
+        "method=a",
+        "method=b",
+        "method=c",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     md = (out / "report.md").read_text()
     assert "## Oscillation amplitude of pop_gap" in md and "period p = 4 rounds; cycles used: 3" in md
@@ -97,8 +113,21 @@ def test_compare_ratio_and_amplitude_match_scipy(sweep, tmp_path):
     """--ratio with --amplitude: per kind (final, last 4, amplitude) the paired difference and the geometric mean
     ratio with its log-scale t interval and p, against numpy/scipy on the known per-seed values."""
     out = tmp_path / "out"
-    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--amplitude", "--ratio", "--compare", "method=a",
-                  "method=b", "method=c", "--out", out)
+    proc = report(
+        sweep,
+        "--metric",
+        "pop_gap",
+        "--last",
+        "4",
+        "--amplitude",
+        "--ratio",
+        "--compare",
+        "method=a",
+        "method=b",
+        "method=c",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     with open(out / "compare.csv") as f:
         found = {(r["b"], r["value"]): r for r in csv.DictReader(f)}
@@ -107,8 +136,11 @@ def test_compare_ratio_and_amplitude_match_scipy(sweep, tmp_path):
     for b in "bc":
         xa, xb = np.array(AMPS["a"]), np.array(AMPS[b])
         # round 40 is the last of a cycle (phase 3 of 0..3): floor + amp; the last 4 rounds are one whole cycle
-        per_kind = {"final": (floors + xa, floors + xb), "last4": (floors + xa / 2, floors + xb / 2),
-                    "amplitude": (xa, xb)}
+        per_kind = {
+            "final": (floors + xa, floors + xb),
+            "last4": (floors + xa / 2, floors + xb / 2),
+            "amplitude": (xa, xb),
+        }
         for kind, (va, vb) in per_kind.items():
             row = found[(b, kind)]
             assert int(row["n"]) == 3 and row["note"] == ""
@@ -118,8 +150,9 @@ def test_compare_ratio_and_amplitude_match_scipy(sweep, tmp_path):
             low, high = scipy_stats.t.interval(0.95, 2, loc=logs.mean(), scale=scipy_stats.sem(logs))
             assert float(row["ratio_low"]) == pytest.approx(float(np.exp(low)), rel=1e-9)
             assert float(row["ratio_high"]) == pytest.approx(float(np.exp(high)), rel=1e-9)
-            assert float(row["ratio_p"]) == pytest.approx(scipy_stats.ttest_rel(np.log(vb), np.log(va)).pvalue,
-                                                          rel=1e-9)
+            assert float(row["ratio_p"]) == pytest.approx(
+                scipy_stats.ttest_rel(np.log(vb), np.log(va)).pvalue, rel=1e-9
+            )
     md = (out / "report.md").read_text()
     assert "| ratio b/a [95 % CI] | p (ratio = 1) |" in md and "| pop_gap amplitude |" in md
 
@@ -129,24 +162,37 @@ def test_ratio_needs_positive_values_and_compare_without_it_is_unchanged(sweep, 
         rows = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
         rows[-1]["pop_gap"] = 0.0
         (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--ratio", "--compare", "method=a", "method=b",
-                  "--out", tmp_path / "ratio")
+    proc = report(
+        sweep,
+        "--metric",
+        "pop_gap",
+        "--last",
+        "4",
+        "--ratio",
+        "--compare",
+        "method=a",
+        "method=b",
+        "--out",
+        tmp_path / "ratio",
+    )
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "ratio" / "compare.csv") as f:
         found = {r["value"]: r for r in csv.DictReader(f)}
     assert set(found) == {"final", "last4"}  # no --amplitude: no amplitude row
     assert found["final"]["ratio"] == "" and found["final"]["note"] == "no ratio: a value ≤ 0"
     assert found["final"]["mean_diff"] != "" and found["last4"]["ratio"] != ""
-    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--compare", "method=a", "method=b",
-                  "--out", tmp_path / "plain")
+    proc = report(
+        sweep, "--metric", "pop_gap", "--last", "4", "--compare", "method=a", "method=b", "--out", tmp_path / "plain"
+    )
     with open(tmp_path / "plain" / "compare.csv") as f:
         assert all(r["ratio"] == "" and r["note"] == "" for r in csv.DictReader(f))
     assert "ratio b/a" not in (tmp_path / "plain" / "report.md").read_text()
 
 
 def test_only_keeps_one_methods_runs(sweep, tmp_path):
-    proc = report(sweep, "--metric", "pop_gap", "--last", "4", "--amplitude", "--only", "method=b", "--out",
-                  tmp_path / "out")
+    proc = report(
+        sweep, "--metric", "pop_gap", "--last", "4", "--amplitude", "--only", "method=b", "--out", tmp_path / "out"
+    )
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "out" / "report.csv") as f:
         rows = list(csv.DictReader(f))
@@ -160,11 +206,31 @@ def test_runs_started_one_by_one_group_by_configuration(tmp_path):
     root = tmp_path / "runs"
     for method, amps in (("a", AMPS["a"]), ("b", AMPS["b"])):
         for seed, amp in enumerate(amps):
-            write_job(root, f"{method}{seed}", {"+method": method, "seed": seed, "run_dir": f"/x/{method}{seed}",
-                                               "resume": "true", "checkpoint_every": 10 * (seed + 1)},
-                      series(40, amp, 0.01, tail=12))
-    proc = report(root, "--metric", "pop_gap", "--last", "4", "--amplitude", "--compare", "method=a", "method=b",
-                  "--out", tmp_path / "out")
+            write_job(
+                root,
+                f"{method}{seed}",
+                {
+                    "+method": method,
+                    "seed": seed,
+                    "run_dir": f"/x/{method}{seed}",
+                    "resume": "true",
+                    "checkpoint_every": 10 * (seed + 1),
+                },
+                series(40, amp, 0.01, tail=12),
+            )
+    proc = report(
+        root,
+        "--metric",
+        "pop_gap",
+        "--last",
+        "4",
+        "--amplitude",
+        "--compare",
+        "method=a",
+        "method=b",
+        "--out",
+        tmp_path / "out",
+    )
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "out" / "report.csv") as f:
         rows = {r["method"]: r for r in csv.DictReader(f)}
@@ -183,15 +249,29 @@ def test_a_key_left_at_its_default_reads_the_default_the_run_had(tmp_path):
     root = tmp_path / "runs"
     for mode, amps in (("cyclic", AMPS["a"]), ("uniform", AMPS["b"])):
         for seed, amp in enumerate(amps):
-            params = {"seed": seed} if mode == "cyclic" else {"participation": mode, "strategy.client_lr": 0.1,
-                                                                "seed": seed}
+            params = (
+                {"seed": seed} if mode == "cyclic" else {"participation": mode, "strategy.client_lr": 0.1, "seed": seed}
+            )
             job = write_job(root, f"{mode}{seed}", params, series(40, amp, 0.01, tail=12), mode=mode)
             hydra = {"hydra": {"runtime": {"choices": {"participation": mode, "strategy": "fedavgm"}}}}
             (job / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
             cfg = json.loads((job / "config.json").read_text())
             (job / "config.json").write_text(json.dumps({**cfg, "strategy": {"client_lr": 0.1}}))
-    proc = report(root, "--metric", "pop_gap", "--last", "4", "--amplitude", "--period", str(P), "--compare",
-                  "participation=cyclic", "participation=uniform", "--out", tmp_path / "out")
+    proc = report(
+        root,
+        "--metric",
+        "pop_gap",
+        "--last",
+        "4",
+        "--amplitude",
+        "--period",
+        str(P),
+        "--compare",
+        "participation=cyclic",
+        "participation=uniform",
+        "--out",
+        tmp_path / "out",
+    )
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "out" / "report.csv") as f:
         rows = {r["participation"]: r for r in csv.DictReader(f)}
@@ -225,8 +305,10 @@ def test_a_curve_label_names_only_the_keys_its_runs_set():
     keys = ["method", "strategy.server_decay"]
     done = Run(Path("seed0"), {}, "finished", 40, "", [], 40)
     assert _label(Config({"method": "g0", "strategy.server_decay": ""}, [done]), keys) == "method=g0 (n=1)"
-    assert _label(Config({"method": "decay", "strategy.server_decay": "0.3"}, [done, done]), keys) \
+    assert (
+        _label(Config({"method": "decay", "strategy.server_decay": "0.3"}, [done, done]), keys)
         == "method=decay, server_decay=0.3 (n=2)"
+    )
     assert _label(Config({}, []), []) == "all runs (n=0)"
 
 
@@ -238,13 +320,19 @@ def test_upto_reads_every_run_as_it_stood_at_an_earlier_horizon(tmp_path):
     tail = 8  # 2 cycles of P = 4 before round 20 and before round 40
     amp_at = {20: [1.0, 2.0, 3.0], 40: [0.5, 0.25, 0.125]}
     for seed in range(3):
-        rows = [{"round": t, "loss": 1.0, "num_replies": 1,
-                 "pop_gap": 0.1 * (seed + 1) + amp_at[20 if t <= 20 else 40][seed] * (((t - 1) % P) / (P - 1))}
-                for t in range(41) if t % 10 == 0 or 20 - tail < t <= 20 or t > 40 - tail]
+        rows = [
+            {
+                "round": t,
+                "loss": 1.0,
+                "num_replies": 1,
+                "pop_gap": 0.1 * (seed + 1) + amp_at[20 if t <= 20 else 40][seed] * (((t - 1) % P) / (P - 1)),
+            }
+            for t in range(41)
+            if t % 10 == 0 or 20 - tail < t <= 20 or t > 40 - tail
+        ]
         status = "running" if seed == 2 else "finished"  # still going: reached round 20 all the same
         horizon = {"eval_tail_at": "[20]"} if seed else {}  # run 0 was started without it: still the same config
-        write_job(root, f"s{seed}", {"seed": seed, "num_rounds": 40 + seed, **horizon}, rows,
-                  status=status)
+        write_job(root, f"s{seed}", {"seed": seed, "num_rounds": 40 + seed, **horizon}, rows, status=status)
     write_job(root, "short", {"seed": 3, "num_rounds": 15}, series(15, 1.0, 0.1, tail=8))
     proc = report(root, "--metric", "pop_gap", "--last", "8", "--amplitude", "--upto", "20", "--out", tmp_path / "o")
     assert proc.returncode == 0, proc.stderr

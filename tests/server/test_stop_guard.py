@@ -35,8 +35,9 @@ RUN = textwrap.dedent("""
 def test_sigterm_ends_the_run(tmp_path, main_thread):
     script = tmp_path / "run.py"
     script.write_text(RUN.format(root=str(ROOT)))
-    proc = subprocess.Popen([sys.executable, str(script), main_thread], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), main_thread], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         if main_thread == "holds-gil":
@@ -64,7 +65,7 @@ def test_sigterm_ends_the_run(tmp_path, main_thread):
 def _cpu_ticks(pid: int) -> int:
     """utime + stime of the process's main thread, in clock ticks."""
     stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])
 
 
@@ -100,8 +101,11 @@ def _guards(parent: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"server.run.stop_guard" in (entry / "cmdline").read_bytes() and \
-                    f"--parent\x00{parent}\x00".encode() in (entry / "cmdline").read_bytes():
+            if (
+                entry.name.isdigit()
+                and b"server.run.stop_guard" in (entry / "cmdline").read_bytes()
+                and f"--parent\x00{parent}\x00".encode() in (entry / "cmdline").read_bytes()
+            ):
                 found.append(int(entry.name))
         except OSError:
             continue

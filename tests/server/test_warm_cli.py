@@ -24,8 +24,14 @@ def warm(tmp_path_factory):
 
 def test_same_exit_code_and_output_as_the_console_script(warm, tmp_path):
     args = ["engine=batched", "num_clients=-1", f"hydra.run.dir={tmp_path / 'r'}"]
-    fresh = subprocess.run([str(BIN / "flower-simulation"), *args], capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ), cwd=tmp_path)
+    fresh = subprocess.run(
+        [str(BIN / "flower-simulation"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+        cwd=tmp_path,
+    )
     forked = warm.run("flower-simulation", args, dict(os.environ), cwd=tmp_path, timeout=120)
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert forked.returncode == 2 and "num_clients" in forked.stderr
@@ -35,8 +41,11 @@ def test_environment_cwd_argv_and_output_are_the_calls(warm, tmp_path):
     env = {**os.environ, "WARM_CLI_PROBE": "probe-value"}
     proc = warm.run("warm_cli:probe", ["7", "x y"], env, cwd=tmp_path, timeout=60)
     assert proc.returncode == 7 and proc.stderr == "probe on stderr\n"
-    assert json.loads(proc.stdout) == {"cwd": str(tmp_path), "argv": ["warm_cli:probe", "7", "x y"],
-                                       "probe": "probe-value"}
+    assert json.loads(proc.stdout) == {
+        "cwd": str(tmp_path),
+        "argv": ["warm_cli:probe", "7", "x y"],
+        "probe": "probe-value",
+    }
     merged = warm.run("warm_cli:probe", ["0"], dict(os.environ), cwd=tmp_path, timeout=60, merge_output=True)
     assert merged.returncode == 0 and merged.stderr is None and merged.stdout.endswith("probe on stderr\n")
     assert json.loads(merged.stdout.splitlines()[0])["probe"] is None  # not the previous call's environment

@@ -19,8 +19,7 @@ def toy_simulation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     from test_server_optimizers_simulation import run_pairs
     from test_strategies_simulation import run_strategies
 
-    results: dict[str, dict] = {"strategies": {"state_dir": tmp_path_factory.mktemp("client_state")},
-                                "optimizers": {}}
+    results: dict[str, dict] = {"strategies": {"state_dir": tmp_path_factory.mktemp("client_state")}, "optimizers": {}}
     app = ServerApp()
 
     @app.main()
@@ -28,7 +27,13 @@ def toy_simulation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         run_strategies(grid, results["strategies"])
         run_pairs(grid, results["optimizers"])
 
-    run_simulation(app, toy_app.app, num_supernodes=NUM_NODES,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 2, "num_gpus": 0}})
+    run_simulation(
+        app,
+        toy_app.app,
+        num_supernodes=NUM_NODES,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "num_gpus": 0},
+        },
+    )
     return results

@@ -109,13 +109,21 @@ def test_round_input_forms_localghbm_momentum_and_fedhbm_anchor(tmp_path):
 
 
 def test_config_is_checked_before_any_file_is_touched(tmp_path):
-    cfg = {protocol.STATE_DIR: str(tmp_path), protocol.STATE_RUN: "r1", protocol.STATE_STARTS: [1, 4],
-           protocol.STATE_IDS: ["a", "b"], protocol.STATE_KEEP: 3}
+    cfg = {
+        protocol.STATE_DIR: str(tmp_path),
+        protocol.STATE_RUN: "r1",
+        protocol.STATE_STARTS: [1, 4],
+        protocol.STATE_IDS: ["a", "b"],
+        protocol.STATE_KEEP: 3,
+    }
     s = cs.ClientStateStore.from_config(cfg, 2, {protocol.STATE_DIR: str(tmp_path / "node")})
     assert s.path == tmp_path / "node" / "r1" / "partition-2" and s.lineage.segment_of(5) == "b"
-    for key, value, message in [(protocol.STATE_RUN, "../../etc", "run id"), (protocol.STATE_IDS, ["a", "b/c"],
-                                "segment id"), (protocol.STATE_STARTS, [4, 1], "increase"),
-                                (protocol.STATE_IDS, ["a"], "as many")]:
+    for key, value, message in [
+        (protocol.STATE_RUN, "../../etc", "run id"),
+        (protocol.STATE_IDS, ["a", "b/c"], "segment id"),
+        (protocol.STATE_STARTS, [4, 1], "increase"),
+        (protocol.STATE_IDS, ["a"], "as many"),
+    ]:
         with pytest.raises(ValueError, match=message):
             cs.ClientStateStore.from_config({**cfg, key: value}, 2)
     with pytest.raises(ValueError, match=protocol.STATE_DIR):

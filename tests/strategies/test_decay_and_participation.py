@@ -55,8 +55,18 @@ def test_decay_floors_at_min_lr_and_state_serialises():
     assert restored == state
 
 
-@pytest.mark.parametrize("bad", [dict(window=0), dict(patience=0), dict(cooldown=-1), dict(client_decay=0.0),
-                                 dict(server_decay=1.5), dict(min_delta=-1.0), dict(min_lr=-1.0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(window=0),
+        dict(patience=0),
+        dict(cooldown=-1),
+        dict(client_decay=0.0),
+        dict(server_decay=1.5),
+        dict(min_delta=-1.0),
+        dict(min_lr=-1.0),
+    ],
+)
 def test_decay_config_rejects_bad_knobs(bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):

@@ -42,8 +42,12 @@ def replies_for(messages, round_):
         arrays = m.content["arrays"].to_numpy_ndarrays()
         node = m.metadata.dst_node_id
         new = [a - 0.3 * (a - np.sin(node + round_ + np.arange(a.size)).reshape(a.shape)) for a in arrays]
-        content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in zip(m.content["arrays"].keys(), new)}),
-                              "metrics": MetricRecord({"num-examples": 10 * node, "loss-before": 1.0})})
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(v) for k, v in zip(m.content["arrays"].keys(), new)}),
+                "metrics": MetricRecord({"num-examples": 10 * node, "loss-before": 1.0}),
+            }
+        )
         out.append(Message(content, reply_to=m))
     return out
 
@@ -93,8 +97,12 @@ def test_localupdate_applies_mean_of_q():
     assert list(msgs[0].content["config"]["theta"]) == [1.0, 0.5]
     assert msgs[0].content["config"]["local-steps"] == 2
     q = [np.ones((3, 2)), 2 * np.ones(2)]
-    reply = Message(RecordDict({"arrays": ArrayRecord({"w": Array(q[0]), "b": Array(q[1])}),
-                                "metrics": MetricRecord({"num-examples": 3})}), reply_to=msgs[0])
+    reply = Message(
+        RecordDict(
+            {"arrays": ArrayRecord({"w": Array(q[0]), "b": Array(q[1])}), "metrics": MetricRecord({"num-examples": 3})}
+        ),
+        reply_to=msgs[0],
+    )
     new, _ = s.aggregate_train(1, [reply])
     expected = fm.localupdate_server_update(arrays.to_numpy_ndarrays(), q, 0.2)
     for a, b in zip(new.to_numpy_ndarrays(), expected):
@@ -105,9 +113,17 @@ def test_client_lr_schedule_sends_gamma_t_and_logs_it():
     """client_lr_schedule="polynomial" with alpha = 1 (seed 001 §7: gamma_t = gamma / t) sends gamma / t in round t
     and logs it as the round's client lr; the server lr keeps its own schedule; the default stays constant."""
     grid = NodeList([4])
-    s = LocalUpdate(server_lr=0.2, client_lr=0.3, theta="fedavg", server_lr_schedule="exponential", schedule_param=0.5,
-                    client_lr_schedule="polynomial", client_schedule_param=1.0, min_train_nodes=1,
-                    min_available_nodes=1)
+    s = LocalUpdate(
+        server_lr=0.2,
+        client_lr=0.3,
+        theta="fedavg",
+        server_lr_schedule="exponential",
+        schedule_param=0.5,
+        client_lr_schedule="polynomial",
+        client_schedule_param=1.0,
+        min_train_nodes=1,
+        min_available_nodes=1,
+    )
     arrays = initial_record()
     for t in (1, 2, 3):
         cfg = list(s.configure_train(t, arrays, ConfigRecord(), grid))[0].content["config"]
@@ -121,8 +137,17 @@ def test_client_lr_schedule_sends_gamma_t_and_logs_it():
 def test_localupdate_decay_applies_the_client_schedule_to_its_decayed_lr():
     """The plateau rule decays the base client lr; the schedule multiplies what it left (as for the server lr)."""
     grid = NodeList([1, 2])
-    s = LocalUpdateDecay(server_lr=1.0, client_lr=0.5, theta="fedavg", window=1, patience=2, cooldown=0,
-                         min_delta=0.0, client_lr_schedule="polynomial", client_schedule_param=1.0)
+    s = LocalUpdateDecay(
+        server_lr=1.0,
+        client_lr=0.5,
+        theta="fedavg",
+        window=1,
+        patience=2,
+        cooldown=0,
+        min_delta=0.0,
+        client_lr_schedule="polynomial",
+        client_schedule_param=1.0,
+    )
     arrays = initial_record()
     sent = []
     for t in range(1, 6):
@@ -134,8 +159,7 @@ def test_localupdate_decay_applies_the_client_schedule_to_its_decayed_lr():
 
 def test_localupdate_decay_follows_monitored_loss_and_checkpoints():
     grid = NodeList([1, 2])
-    s = LocalUpdateDecay(server_lr=1.0, client_lr=0.5, theta="fedavg", window=1, patience=2, cooldown=0,
-                         min_delta=0.0)
+    s = LocalUpdateDecay(server_lr=1.0, client_lr=0.5, theta="fedavg", window=1, patience=2, cooldown=0, min_delta=0.0)
     arrays = initial_record()
     sent_lrs = []
     for t in range(1, 6):
@@ -146,8 +170,9 @@ def test_localupdate_decay_follows_monitored_loss_and_checkpoints():
     assert sent_lrs == pytest.approx([0.5, 0.5, 0.5, 0.05, 0.05])
     assert s.decay_state.num_decays == 2
     meta, saved = s.state_dict()
-    clone = LocalUpdateDecay(server_lr=1.0, client_lr=0.5, theta="fedavg", window=1, patience=2, cooldown=0,
-                             min_delta=0.0)
+    clone = LocalUpdateDecay(
+        server_lr=1.0, client_lr=0.5, theta="fedavg", window=1, patience=2, cooldown=0, min_delta=0.0
+    )
     clone.load_state_dict(meta, saved)
     assert clone.decay_state == s.decay_state and clone.last_round == 5
     for a, b in zip(clone.model, s.model):
@@ -174,8 +199,12 @@ def test_failures_are_counted():
         (lambda: LocalUpdateDecay(server_lr=1.0, client_lr=0.1, window=0), "window"),
         (lambda: FedAvgM(server_lr=1.0, server_lr_schedule="cosine"), "server_lr_schedule"),
         (lambda: FedAvgM(server_lr=1.0, client_lr=0.1, client_lr_schedule="cosine"), "client_lr_schedule"),
-        (lambda: LocalUpdate(server_lr=1.0, client_lr=0.1, client_lr_schedule="polynomial", client_schedule_param=-1),
-         "alpha"),
+        (
+            lambda: LocalUpdate(
+                server_lr=1.0, client_lr=0.1, client_lr_schedule="polynomial", client_schedule_param=-1
+            ),
+            "alpha",
+        ),
     ],
 )
 def test_invalid_values_name_the_parameter(factory, name):

@@ -46,8 +46,12 @@ def replies_for(messages, J, lr):
                 new[k] = ghbm_client(x, grad, lr, float(cfg[protocol.MOMENTUM]), term, J)
             else:
                 new[k] = fedavgm_client(x, grad, lr, J)
-        content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in new.items()}),
-                              "metrics": MetricRecord({"num-examples": 3 + node})})
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(v) for k, v in new.items()}),
+                "metrics": MetricRecord({"num-examples": 3 + node}),
+            }
+        )
         out.append(Message(content, reply_to=m))
     return out
 
@@ -151,10 +155,14 @@ def test_ghbm_state_dict_round_trip_continues_identically():
 
 
 def test_stateful_strategies_send_only_the_model_and_the_state_identity():
-    assert FedHBM(server_lr=1.0, client_lr=0.1, client_manager=UniformClientManager(8, 0.25)).participation_fraction() \
+    assert (
+        FedHBM(server_lr=1.0, client_lr=0.1, client_manager=UniformClientManager(8, 0.25)).participation_fraction()
         == 0.25
-    assert FedHBM(server_lr=1.0, client_lr=0.1, client_manager=CyclicClientManager(8, 0.125)).participation_fraction() \
+    )
+    assert (
+        FedHBM(server_lr=1.0, client_lr=0.1, client_manager=CyclicClientManager(8, 0.125)).participation_fraction()
         == 0.125
+    )
     strategy = FedHBM(server_lr=1.0, client_lr=0.1, client_state_dir="/tmp/states", participation=0.25)
     msgs = list(strategy.configure_train(1, initial_record(), ConfigRecord(), NodeList([1, 2])))
     content = msgs[0].content
@@ -179,9 +187,15 @@ def test_stateful_strategies_send_only_the_model_and_the_state_identity():
 
 @pytest.mark.parametrize(
     "cls,kwargs,name",
-    [(GHBM, {"tau": 0}, "tau"), (GHBM, {"tau": 2.5}, "tau"), (GHBM, {"momentum": 1.2}, "momentum"),
-     (GHBM, {"momentum": -0.1}, "momentum"), (LocalGHBM, {"client_lr": -1.0}, "client_lr"),
-     (FedHBM, {"participation": 0.0}, "participation"), (FedHBM, {"server_lr": -2.0}, "server_lr")],
+    [
+        (GHBM, {"tau": 0}, "tau"),
+        (GHBM, {"tau": 2.5}, "tau"),
+        (GHBM, {"momentum": 1.2}, "momentum"),
+        (GHBM, {"momentum": -0.1}, "momentum"),
+        (LocalGHBM, {"client_lr": -1.0}, "client_lr"),
+        (FedHBM, {"participation": 0.0}, "participation"),
+        (FedHBM, {"server_lr": -2.0}, "server_lr"),
+    ],
 )
 def test_bad_parameters_raise_value_error_naming_them(cls, kwargs, name):
     with pytest.raises(ValueError, match=name):

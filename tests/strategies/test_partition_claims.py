@@ -113,14 +113,17 @@ def test_fingerprint_is_openssh_sha256_of_pem_and_openssh_forms(tmp_path):
         key_fingerprint("not a key")
 
 
-@pytest.mark.parametrize("record, reason", [
-    (None, "holds no"),
-    ({"partition-id": "0"}, "not an integer"),
-    ({"partition-id": True}, "not an integer"),
-    ({"partition-id": 7, "num-partitions": 2}, "outside [0, 2)"),
-    ({"partition-id": -1}, "outside [0, 2)"),
-    ({"partition-id": 1, "num-partitions": 5}, "num-partitions=5, the run has 2"),
-])
+@pytest.mark.parametrize(
+    "record, reason",
+    [
+        (None, "holds no"),
+        ({"partition-id": "0"}, "not an integer"),
+        ({"partition-id": True}, "not an integer"),
+        ({"partition-id": 7, "num-partitions": 2}, "outside [0, 2)"),
+        ({"partition-id": -1}, "outside [0, 2)"),
+        ({"partition-id": 1, "num-partitions": 5}, "num-partitions=5, the run has 2"),
+    ],
+)
 def test_claim_rules_refuse_with_a_reason(record, reason):
     with pytest.raises(RefusedClaim, match=reason.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         ClaimRules(2).check(record)
@@ -154,11 +157,14 @@ def test_keys_own_partitions_whoever_answers_first(monkeypatch):
     assert grid.queries.count(5) == 1  # a refused node is not asked again while connected
 
 
-@pytest.mark.parametrize("bad, reason", [
-    (claim(7), "partition 7 is outside"),
-    (claim(1, 5), "num-partitions=5"),
-    ({"partition-id": "x"}, "not an integer"),
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (claim(7), "partition 7 is outside"),
+        (claim(1, 5), "num-partitions=5"),
+        ({"partition-id": "x"}, "not an integer"),
+    ],
+)
 def test_every_bad_claim_is_refused_logged_and_counted(bad, reason, caplog):
     grid = ScriptedGrid({11: claim(0), 12: claim(1), 13: bad})
     m = manager()
@@ -273,8 +279,9 @@ def test_a_partition_never_has_two_nodes_whatever_the_order_of_claims_and_depart
     monkeypatch.setattr(client_manager, "key_fingerprint", lambda raw: "fp-" + raw.decode())
     rng = random.Random(0)
     owners = {f"fp-key{p}": p for p in range(10)} if mode == "owners" else None
-    m = CyclicClientManager(10, 1.0, query_timeout=3.0, wait_timeout=60.0, bind_partitions=mode == "bind_partitions",
-                            owners=owners)
+    m = CyclicClientManager(
+        10, 1.0, query_timeout=3.0, wait_timeout=60.0, bind_partitions=mode == "bind_partitions", owners=owners
+    )
     most = 0
     for event in range(5000):
         node, partition = rng.randrange(40), rng.randrange(10)

@@ -19,16 +19,19 @@ from strategies import math as fm
 from strategies.validation import RejectedReply, ReplySpec, aggregate_metrics, check_cap, check_reply
 
 MODEL = [np.arange(6, dtype=np.float32).reshape(3, 2), np.ones(2, dtype=np.float32)]
-SPEC = ReplySpec.like(["w", "b"], MODEL, required_metrics=(protocol.LOSS_BEFORE,), max_num_examples=100.0,
-                      max_update_norm=50.0)
+SPEC = ReplySpec.like(
+    ["w", "b"], MODEL, required_metrics=(protocol.LOSS_BEFORE,), max_num_examples=100.0, max_update_norm=50.0
+)
 
 
 def reply(arrays=None, metrics=None, extra=None):
     arrays = {"w": MODEL[0] - 0.5, "b": MODEL[1] * 2} if arrays is None else arrays
-    metrics = {protocol.NUM_EXAMPLES: 10, protocol.LOSS_BEFORE: 1.5, protocol.TRAIN_LOSS: 1.0} \
-        if metrics is None else metrics
-    content = RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
-                          "metrics": MetricRecord(metrics)})
+    metrics = (
+        {protocol.NUM_EXAMPLES: 10, protocol.LOSS_BEFORE: 1.5, protocol.TRAIN_LOSS: 1.0} if metrics is None else metrics
+    )
+    content = RecordDict(
+        {"arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}), "metrics": MetricRecord(metrics)}
+    )
     for key, record in (extra or {}).items():
         content[key] = record
     return content
@@ -50,27 +53,30 @@ W, B = MODEL[0] - 0.5, MODEL[1] * 2
 GOOD = {protocol.NUM_EXAMPLES: 10, protocol.LOSS_BEFORE: 1.5}
 
 
-@pytest.mark.parametrize("content, reason", [
-    (reply({"w": W}), "array keys differ"),
-    (reply({"w": W, "b": B, "c": B}), "array keys differ"),
-    (reply({"w": W.T, "b": B}), "shape (2, 3), expected (3, 2)"),
-    (reply({"w": W.astype(np.float64), "b": B}), "dtype float64, expected float32"),
-    (reply({"w": W.astype(np.int64), "b": B}), "dtype int64"),
-    (reply({"w": W, "b": np.array([np.nan, 1], dtype=np.float32)}), "'b' has non-finite values"),
-    (reply({"w": W, "b": np.array([np.inf, 1], dtype=np.float32)}), "'b' has non-finite values"),
-    (reply(metrics={protocol.LOSS_BEFORE: 1.0}), "'num-examples' is missing"),
-    (reply(metrics={**GOOD, protocol.NUM_EXAMPLES: 0}), "must be > 0"),
-    (reply(metrics={**GOOD, protocol.NUM_EXAMPLES: -3}), "must be > 0"),
-    (reply(metrics={**GOOD, protocol.NUM_EXAMPLES: float("inf")}), "not a finite number"),
-    (reply(metrics={**GOOD, protocol.NUM_EXAMPLES: 101}), "exceeds max_num_examples 100"),
-    (reply(metrics={protocol.NUM_EXAMPLES: 10}), "'loss-before' is missing"),
-    (reply(metrics={**GOOD, protocol.LOSS_BEFORE: float("nan")}), "'loss-before' is not a finite number"),
-    (reply(metrics={**GOOD, "per-step": [1.0, float("nan")]}), "'per-step' has non-finite entries"),
-    (reply(metrics={**GOOD, protocol.NONFINITE: 1}), "non-finite local training"),
-    (reply({"w": W + 100, "b": B}), "exceeds max_update_norm 50"),
-    (reply(extra={"more": ArrayRecord({"w": Array(W)})}), "exactly one ArrayRecord, got 2"),
-    (reply(extra={"more": MetricRecord({"x": 1.0})}), "exactly one MetricRecord, got 2"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (reply({"w": W}), "array keys differ"),
+        (reply({"w": W, "b": B, "c": B}), "array keys differ"),
+        (reply({"w": W.T, "b": B}), "shape (2, 3), expected (3, 2)"),
+        (reply({"w": W.astype(np.float64), "b": B}), "dtype float64, expected float32"),
+        (reply({"w": W.astype(np.int64), "b": B}), "dtype int64"),
+        (reply({"w": W, "b": np.array([np.nan, 1], dtype=np.float32)}), "'b' has non-finite values"),
+        (reply({"w": W, "b": np.array([np.inf, 1], dtype=np.float32)}), "'b' has non-finite values"),
+        (reply(metrics={protocol.LOSS_BEFORE: 1.0}), "'num-examples' is missing"),
+        (reply(metrics={**GOOD, protocol.NUM_EXAMPLES: 0}), "must be > 0"),
+        (reply(metrics={**GOOD, protocol.NUM_EXAMPLES: -3}), "must be > 0"),
+        (reply(metrics={**GOOD, protocol.NUM_EXAMPLES: float("inf")}), "not a finite number"),
+        (reply(metrics={**GOOD, protocol.NUM_EXAMPLES: 101}), "exceeds max_num_examples 100"),
+        (reply(metrics={protocol.NUM_EXAMPLES: 10}), "'loss-before' is missing"),
+        (reply(metrics={**GOOD, protocol.LOSS_BEFORE: float("nan")}), "'loss-before' is not a finite number"),
+        (reply(metrics={**GOOD, "per-step": [1.0, float("nan")]}), "'per-step' has non-finite entries"),
+        (reply(metrics={**GOOD, protocol.NONFINITE: 1}), "non-finite local training"),
+        (reply({"w": W + 100, "b": B}), "exceeds max_update_norm 50"),
+        (reply(extra={"more": ArrayRecord({"w": Array(W)})}), "exactly one ArrayRecord, got 2"),
+        (reply(extra={"more": MetricRecord({"x": 1.0})}), "exactly one MetricRecord, got 2"),
+    ],
+)
 def test_each_broken_reply_is_rejected_with_its_reason(content, reason):
     with pytest.raises(RejectedReply, match=None) as err:
         check_reply(content, SPEC, delta)
@@ -101,8 +107,17 @@ STRATEGIES = {
     "fedavgm": lambda **kw: FedAvgM(server_lr=1.0, momentum=0.5, client_lr=0.1, **kw),
     "fedcm": lambda **kw: FedCM(server_lr=0.5, client_lr=0.1, momentum=0.9, **kw),
     "localupdate": lambda **kw: LocalUpdate(server_lr=0.1, client_lr=0.1, theta=[1.0, 1.0, 1.0], **kw),
-    "localupdate_decay": lambda **kw: LocalUpdateDecay(server_lr=0.1, client_lr=0.1, theta="fedavg", local_steps=2,
-                                                       window=1, patience=1, cooldown=0, min_delta=100.0, **kw),
+    "localupdate_decay": lambda **kw: LocalUpdateDecay(
+        server_lr=0.1,
+        client_lr=0.1,
+        theta="fedavg",
+        local_steps=2,
+        window=1,
+        patience=1,
+        cooldown=0,
+        min_delta=100.0,
+        **kw,
+    ),
 }
 
 
@@ -124,9 +139,15 @@ def federation_results():
                 result = strategy.start(grid, initial(), num_rounds=3, timeout=120)
                 results[name, who] = (result, strategy)
 
-    run_simulation(app, broken_app.app, num_supernodes=NUM_NODES,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 2, "num_gpus": 0}})
+    run_simulation(
+        app,
+        broken_app.app,
+        num_supernodes=NUM_NODES,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "num_gpus": 0},
+        },
+    )
     return results
 
 
@@ -135,8 +156,9 @@ def federation_results():
 def test_broken_clients_cannot_change_the_model(federation_results, name):
     (result, strategy), (honest, honest_strategy) = federation_results[name, "all"], federation_results[name, "honest"]
     assert sorted(strategy.client_manager.node_to_partition.values()) == list(range(NUM_NODES))
-    for a, b, a0 in zip(result.arrays.to_numpy_ndarrays(), honest.arrays.to_numpy_ndarrays(),
-                        initial().to_numpy_ndarrays()):
+    for a, b, a0 in zip(
+        result.arrays.to_numpy_ndarrays(), honest.arrays.to_numpy_ndarrays(), initial().to_numpy_ndarrays()
+    ):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
         assert not np.allclose(a, a0)  # the honest clients did move the model
     rejected = len(broken_app.BROKEN_KINDS) - 1  # "raises" is an error reply: a failure, not a rejection

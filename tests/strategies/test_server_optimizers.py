@@ -13,8 +13,11 @@ from server.run import checkpoint
 from strategies import FedAvgM, FedCM, LocalUpdate, LocalUpdateDecay
 from strategies import math as fm
 
-KNOBS = {"yogi": dict(beta_1=0.8, beta_2=0.95, tau=1e-2), "adam": dict(beta_1=0.7, beta_2=0.9, tau=1e-2),
-         "adagrad": dict(tau=1e-2)}
+KNOBS = {
+    "yogi": dict(beta_1=0.8, beta_2=0.95, tau=1e-2),
+    "adam": dict(beta_1=0.7, beta_2=0.9, tau=1e-2),
+    "adagrad": dict(tau=1e-2),
+}
 FLOWER = {"yogi": FedYogi, "adam": FedAdam, "adagrad": FedAdagrad}
 
 
@@ -63,8 +66,16 @@ def test_adam_without_bias_correction_is_reddi_algorithm_2_by_hand():
 
 def test_localupdate_decay_steps_the_optimizer_with_the_decayed_server_lr():
     grid = NodeList([1, 2])
-    s = LocalUpdateDecay(server_lr=0.5, client_lr=0.1, window=1, patience=1, cooldown=0, min_delta=10.0,
-                         server_decay=0.5, server_optimizer="yogi")
+    s = LocalUpdateDecay(
+        server_lr=0.5,
+        client_lr=0.1,
+        window=1,
+        patience=1,
+        cooldown=0,
+        min_delta=10.0,
+        server_decay=0.5,
+        server_optimizer="yogi",
+    )
     arrays = initial_record()
     for t in (1, 2, 3):
         model, m, v, lr = s.model, s.opt_m, s.opt_v, s.current_server_lr(t)
@@ -87,8 +98,16 @@ def test_localupdate_decay_steps_the_optimizer_with_the_decayed_server_lr():
     [
         lambda **kw: FedAvgM(server_lr=0.3, momentum=0.0, client_lr=0.1, server_optimizer="yogi", **kw),
         lambda **kw: LocalUpdate(server_lr=0.3, client_lr=0.1, theta="fedavg", server_optimizer="adagrad", **kw),
-        lambda **kw: LocalUpdateDecay(server_lr=0.3, client_lr=0.1, window=1, patience=2, cooldown=0,
-                                      min_delta=10.0, server_optimizer="adam", **kw),
+        lambda **kw: LocalUpdateDecay(
+            server_lr=0.3,
+            client_lr=0.1,
+            window=1,
+            patience=2,
+            cooldown=0,
+            min_delta=10.0,
+            server_optimizer="adam",
+            **kw,
+        ),
     ],
 )
 def test_optimizer_state_survives_a_checkpoint_bitwise(factory, tmp_path):

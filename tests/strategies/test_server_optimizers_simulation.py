@@ -17,17 +17,26 @@ YOGI = dict(beta_1=0.9, beta_2=0.99, tau=1e-3)  # seed 001 Section 8.4's betas
 ADAM = dict(beta_1=0.8, beta_2=0.9, tau=1e-2)
 PAIRS = {
     # name: (ours, Flower's peer) on identical clients; plain clients take 2 steps of lr GAMMA
-    "yogi": (FedAvgM(server_lr=ETA, momentum=0.0, server_optimizer="yogi", **YOGI, **ALL_NODES),
-             FedYogi(eta=ETA, **YOGI, **ALL_NODES)),
-    "adagrad": (FedAvgM(server_lr=ETA, momentum=0.0, server_optimizer="adagrad", tau=1e-2, **ALL_NODES),
-                FedAdagrad(eta=ETA, tau=1e-2, **ALL_NODES)),
-    "adam": (FedAvgM(server_lr=ETA, momentum=0.0, server_optimizer="adam", **ADAM, **ALL_NODES),
-             FedAdam(eta=ETA, **ADAM, **ALL_NODES)),
+    "yogi": (
+        FedAvgM(server_lr=ETA, momentum=0.0, server_optimizer="yogi", **YOGI, **ALL_NODES),
+        FedYogi(eta=ETA, **YOGI, **ALL_NODES),
+    ),
+    "adagrad": (
+        FedAvgM(server_lr=ETA, momentum=0.0, server_optimizer="adagrad", tau=1e-2, **ALL_NODES),
+        FedAdagrad(eta=ETA, tau=1e-2, **ALL_NODES),
+    ),
+    "adam": (
+        FedAvgM(server_lr=ETA, momentum=0.0, server_optimizer="adam", **ADAM, **ALL_NODES),
+        FedAdam(eta=ETA, **ADAM, **ALL_NODES),
+    ),
     # LocalUpdate, Theta_{1:2}: q_i = (x - x_i) / gamma, so Yogi on mean q with tau equals Yogi on Delta with
     # gamma * tau (m scales by gamma, sqrt(v) by gamma)
-    "localupdate-yogi": (LocalUpdate(server_lr=ETA, client_lr=GAMMA, theta="fedavg", local_steps=2,
-                                     server_optimizer="yogi", **YOGI, **ALL_NODES),
-                         FedYogi(eta=ETA, beta_1=0.9, beta_2=0.99, tau=GAMMA * 1e-3, **ALL_NODES)),
+    "localupdate-yogi": (
+        LocalUpdate(
+            server_lr=ETA, client_lr=GAMMA, theta="fedavg", local_steps=2, server_optimizer="yogi", **YOGI, **ALL_NODES
+        ),
+        FedYogi(eta=ETA, beta_1=0.9, beta_2=0.99, tau=GAMMA * 1e-3, **ALL_NODES),
+    ),
 }
 
 
@@ -36,8 +45,14 @@ def run_pairs(grid: Grid, results: dict) -> None:
     for name, (ours, theirs) in PAIRS.items():
         for side, strategy in (("ours", ours), ("flower", theirs)):
             store = results.setdefault((name, side), {})
-            strategy.start(grid, initial(), num_rounds=ROUNDS, timeout=120,
-                           train_config=ConfigRecord({"lr": GAMMA}), evaluate_fn=trajectory_fn(store))
+            strategy.start(
+                grid,
+                initial(),
+                num_rounds=ROUNDS,
+                timeout=120,
+                train_config=ConfigRecord({"lr": GAMMA}),
+                evaluate_fn=trajectory_fn(store),
+            )
 
 
 @pytest.fixture

@@ -33,22 +33,55 @@ def run_strategies(grid: Grid, results: dict) -> None:
     """This module's runs, inside the ServerApp of the shared simulation (tests/strategies/conftest.py); the GHBM
     family keeps its node-local state under ``results["state_dir"]``."""
     for name, strategy in [
-        ("ours", FedAvgM(server_lr=1.2, momentum=0.9, fraction_evaluate=0.0,
-                         min_available_nodes=NUM_NODES, min_train_nodes=NUM_NODES)),
-        ("flower", FlowerFedAvgM(server_learning_rate=1.2 * (1 - 0.9), server_momentum=0.9,
-                                 fraction_evaluate=0.0, min_available_nodes=NUM_NODES,
-                                 min_train_nodes=NUM_NODES)),
+        (
+            "ours",
+            FedAvgM(
+                server_lr=1.2,
+                momentum=0.9,
+                fraction_evaluate=0.0,
+                min_available_nodes=NUM_NODES,
+                min_train_nodes=NUM_NODES,
+            ),
+        ),
+        (
+            "flower",
+            FlowerFedAvgM(
+                server_learning_rate=1.2 * (1 - 0.9),
+                server_momentum=0.9,
+                fraction_evaluate=0.0,
+                min_available_nodes=NUM_NODES,
+                min_train_nodes=NUM_NODES,
+            ),
+        ),
     ]:
         store = results.setdefault(name, {})
-        strategy.start(grid, initial(), num_rounds=20, timeout=120, train_config=ConfigRecord({"lr": 0.2}),
-                       evaluate_fn=trajectory_fn(store))
+        strategy.start(
+            grid,
+            initial(),
+            num_rounds=20,
+            timeout=120,
+            train_config=ConfigRecord({"lr": 0.2}),
+            evaluate_fn=trajectory_fn(store),
+        )
     cyclic = dict(fraction_evaluate=0.0, min_available_nodes=1)
     for name, strategy in [
         ("fedavgm", FedAvgM(server_lr=1.0, momentum=0.5, client_lr=0.1, **cyclic)),
         ("fedcm", FedCM(server_lr=0.5, client_lr=0.1, momentum=0.9, **cyclic)),
         ("localupdate", LocalUpdate(server_lr=0.1, client_lr=0.1, theta=[1.0, 1.0, 1.0], **cyclic)),
-        ("localupdate_decay", LocalUpdateDecay(server_lr=0.1, client_lr=0.1, theta="fedavg", local_steps=2,
-                                               window=1, patience=1, cooldown=0, min_delta=100.0, **cyclic)),
+        (
+            "localupdate_decay",
+            LocalUpdateDecay(
+                server_lr=0.1,
+                client_lr=0.1,
+                theta="fedavg",
+                local_steps=2,
+                window=1,
+                patience=1,
+                cooldown=0,
+                min_delta=100.0,
+                **cyclic,
+            ),
+        ),
     ]:
         strategy.client_manager = CyclicClientManager(NUM_NODES, 0.5, seed=3, wait_timeout=60)
         store = results.setdefault(name, {})
@@ -63,8 +96,9 @@ def run_strategies(grid: Grid, results: dict) -> None:
     ]:
         strategy.client_manager = CyclicClientManager(NUM_NODES, 0.5, seed=3, wait_timeout=60)
         store = results.setdefault(name, {})
-        results[name + "/result"] = strategy.start(grid, initial(), num_rounds=GHBM_ROUNDS, timeout=120,
-                                                   evaluate_fn=trajectory_fn(store))
+        results[name + "/result"] = strategy.start(
+            grid, initial(), num_rounds=GHBM_ROUNDS, timeout=120, evaluate_fn=trajectory_fn(store)
+        )
         results[name + "/strategy"] = strategy
     # a schedule over 6 partitions on 4 nodes: partitions 4 and 5 never connect and are skipped
     missing = FedAvgM(server_lr=1.0, momentum=0.0, client_lr=0.1, **cyclic)
@@ -87,8 +121,9 @@ def test_fedavgm_equals_flower_fedavgm_in_simulation(simulation_results):
     assert not np.allclose(ours[20][0], ours[0][0])  # the model moved
 
 
-@pytest.mark.parametrize("name", ["fedavgm", "fedcm", "localupdate", "localupdate_decay", "ghbm", "localghbm",
-                                  "fedhbm"])
+@pytest.mark.parametrize(
+    "name", ["fedavgm", "fedcm", "localupdate", "localupdate_decay", "ghbm", "localghbm", "fedhbm"]
+)
 def test_each_strategy_runs_three_cyclic_rounds(simulation_results, name):
     traj = simulation_results[name]
     strategy = simulation_results[name + "/strategy"]
@@ -128,4 +163,5 @@ def test_localghbm_under_cyclic_participation_equals_ghbm_tau_p(simulation_resul
         assert all(metrics[t]["state-invalid"] == 0 for t in metrics)
         run = simulation_results[name + "/strategy"].state_run
         assert sorted(p.name for p in (simulation_results["state_dir"] / run).iterdir()) == [
-            f"partition-{i}" for i in range(NUM_NODES)]
+            f"partition-{i}" for i in range(NUM_NODES)
+        ]

@@ -18,8 +18,10 @@ def test_table1_writes_md_csv_json_with_schema(tmp_path, capsys):
     assert "entries match" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name,files", [("limit-cycle", ["limit_cycle.png", "limit_cycle.json"]),
-                                        ("local-steps", ["local_steps.png", "local_steps.csv"])])
+@pytest.mark.parametrize(
+    "name,files",
+    [("limit-cycle", ["limit_cycle.png", "limit_cycle.json"]), ("local-steps", ["local_steps.png", "local_steps.csv"])],
+)
 def test_experiments_write_plots(tmp_path, name, files):
     assert main([name, "--T", "3000", "--out", str(tmp_path)]) == 0
     for f in files:
@@ -38,9 +40,13 @@ def test_surrogate_point_mode_prints_json(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "argv,message",
-    [(["table9"], "invalid choice"), (["table1", "--T", "-5"], "positive integer"),
-     (["surrogate", "--gamma", "abc"], "expected a number"), (["surrogate", "--example", "x"], "invalid choice"),
-     (["surrogate", "--gamma", "3", "--K", "2"], "smaller --gamma")],
+    [
+        (["table9"], "invalid choice"),
+        (["table1", "--T", "-5"], "positive integer"),
+        (["surrogate", "--gamma", "abc"], "expected a number"),
+        (["surrogate", "--example", "x"], "invalid choice"),
+        (["surrogate", "--gamma", "3", "--K", "2"], "smaller --gamma"),
+    ],
 )
 def test_bad_input_gives_a_clear_error(argv, message, capsys):
     with pytest.raises(SystemExit) as err:

@@ -16,8 +16,12 @@ def lanes(beta: float, eta0: float) -> Schedule:
 
 @pytest.mark.parametrize(
     "algorithm,J,client_lr,beta,eta0",
-    [("fedavgm", 1, 1.0, 0.9, 9.0), ("fedavgm", 3, 0.2, 0.5, 1.0), ("fedcm", 1, 1.0, 0.9, 9.0),
-     ("fedcm", 4, 0.1, 0.7, 2.0)],
+    [
+        ("fedavgm", 1, 1.0, 0.9, 9.0),
+        ("fedavgm", 3, 0.2, 0.5, 1.0),
+        ("fedcm", 1, 1.0, 0.9, 9.0),
+        ("fedcm", 4, 0.1, 0.7, 2.0),
+    ],
 )
 def test_fast_driver_equals_loop(algorithm, J, client_lr, beta, eta0):
     T = 3000

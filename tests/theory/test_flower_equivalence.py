@@ -32,24 +32,66 @@ def run_flower(state_dir) -> dict:
 
     common = dict(fraction_evaluate=0.0, min_available_nodes=2, min_train_nodes=1)
     cases = [
-        ("fedavgm", FedAvgM(server_lr=5.0, momentum=0.9, client_lr=1.0, server_lr_schedule="polynomial",
-                            schedule_param=0.5, client_manager=CyclicClientManager(2, 0.5, groups=[[0], [1]]),
-                            **common),
-         {"mu": MU, "G": G, "local-steps": 1}, THETA0, ROUNDS),
-        ("fedcm", FedCM(server_lr=1.0, momentum=0.9, client_lr=0.05, server_lr_schedule="polynomial",
-                        schedule_param=0.5, client_manager=CyclicClientManager(2, 0.5, groups=[[0], [1]]), **common),
-         {"mu": MU, "G": G, "local-steps": 3}, THETA0, ROUNDS),
-        ("localupdate", LocalUpdate(server_lr=0.4, client_lr=0.3, theta="fedavg", local_steps=2,
-                                    server_lr_schedule="polynomial", schedule_param=0.5,
-                                    client_manager=UniformClientManager(2, 1.0), **common),
-         {"problem": "two-point"}, 0.0, LU_ROUNDS),
+        (
+            "fedavgm",
+            FedAvgM(
+                server_lr=5.0,
+                momentum=0.9,
+                client_lr=1.0,
+                server_lr_schedule="polynomial",
+                schedule_param=0.5,
+                client_manager=CyclicClientManager(2, 0.5, groups=[[0], [1]]),
+                **common,
+            ),
+            {"mu": MU, "G": G, "local-steps": 1},
+            THETA0,
+            ROUNDS,
+        ),
+        (
+            "fedcm",
+            FedCM(
+                server_lr=1.0,
+                momentum=0.9,
+                client_lr=0.05,
+                server_lr_schedule="polynomial",
+                schedule_param=0.5,
+                client_manager=CyclicClientManager(2, 0.5, groups=[[0], [1]]),
+                **common,
+            ),
+            {"mu": MU, "G": G, "local-steps": 3},
+            THETA0,
+            ROUNDS,
+        ),
+        (
+            "localupdate",
+            LocalUpdate(
+                server_lr=0.4,
+                client_lr=0.3,
+                theta="fedavg",
+                local_steps=2,
+                server_lr_schedule="polynomial",
+                schedule_param=0.5,
+                client_manager=UniformClientManager(2, 1.0),
+                **common,
+            ),
+            {"problem": "two-point"},
+            0.0,
+            LU_ROUNDS,
+        ),
     ]
     for name, (kw, lr, eta0) in GHBM_CASES.items():
         cls = {"ghbm": GHBM, "localghbm": LocalGHBM, "fedhbm": FedHBM}[name]
         if name != "ghbm":
             kw = {**kw, "client_state_dir": str(state_dir)}
-        strategy = cls(server_lr=eta0, client_lr=lr, server_lr_schedule="polynomial", schedule_param=0.5,
-                       client_manager=CyclicClientManager(2, 0.5, groups=[[0], [1]]), **kw, **common)
+        strategy = cls(
+            server_lr=eta0,
+            client_lr=lr,
+            server_lr_schedule="polynomial",
+            schedule_param=0.5,
+            client_manager=CyclicClientManager(2, 0.5, groups=[[0], [1]]),
+            **kw,
+            **common,
+        )
         cases.append((name, strategy, {"mu": MU, "G": G, "local-steps": 3}, THETA0, ROUNDS))
     results: dict = {}
     server = ServerApp()
@@ -62,13 +104,25 @@ def run_flower(state_dir) -> dict:
             def record(server_round, arrays, traj=traj):
                 traj.append(float(arrays.to_numpy_ndarrays()[0][0]))
 
-            strategy.start(grid=grid, initial_arrays=ArrayRecord([np.array([x0])]), num_rounds=rounds, timeout=120,
-                           train_config=ConfigRecord(cfg), evaluate_fn=record)
+            strategy.start(
+                grid=grid,
+                initial_arrays=ArrayRecord([np.array([x0])]),
+                num_rounds=rounds,
+                timeout=120,
+                train_config=ConfigRecord(cfg),
+                evaluate_fn=record,
+            )
             results[name] = np.array(traj)
 
-    run_simulation(server_app=server, client_app=client_app, num_supernodes=2,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 2, "num_gpus": 0}})
+    run_simulation(
+        server_app=server,
+        client_app=client_app,
+        num_supernodes=2,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "num_gpus": 0},
+        },
+    )
     return results
 
 
@@ -85,8 +139,9 @@ def theory_trajectories() -> dict:
         sched = Schedule(np.array([eta0]), "polynomial", np.array([0.5]))
         th, _ = run_fast(rf, sched, THETA0, G, ROUNDS, checkpoints=range(1, ROUNDS + 1))
         out[name] = np.concatenate([[THETA0], th[:, 0]])
-    traj = run_localupdate(population("two-point"), np.array([0.3]), np.array([[1.0, 1.0]]), LU_ROUNDS,
-                           eta0=np.array([0.4]))
+    traj = run_localupdate(
+        population("two-point"), np.array([0.3]), np.array([[1.0, 1.0]]), LU_ROUNDS, eta0=np.array([0.4])
+    )
     out["localupdate"] = traj[:, 0]
     from theory.ghbm import GHBMRound
     from theory.state_driver import run_state_fast
@@ -113,5 +168,7 @@ def test_flower_run_simulation_matches_theory_drivers(tmp_path):
     # LocalGHBM under cyclic participation (p = 2) is GHBM(tau = 2), through Flower and the client state files
     np.testing.assert_allclose(flower["localghbm"], flower["ghbm"], rtol=1e-12, atol=1e-12)
     assert np.ptp(flower["fedhbm"][-10:]) > 1e-3 and not np.allclose(flower["fedhbm"], flower["ghbm"])
-    assert sorted(p.name for p in (tmp_path / "client_state").glob("*/partition-*")) == ["partition-0"] * 2 + [
-        "partition-1"] * 2  # one run id per stateful strategy, one folder per partition
+    assert (
+        sorted(p.name for p in (tmp_path / "client_state").glob("*/partition-*"))
+        == ["partition-0"] * 2 + ["partition-1"] * 2
+    )  # one run id per stateful strategy, one folder per partition

@@ -19,11 +19,18 @@ def schedule(base):
     return Schedule(np.full(3, base), ["polynomial", "constant", "exponential"], np.array([0.5, 1.0, 0.999]))
 
 
-@pytest.mark.parametrize("variant,tau,J", [("ghbm", 1, 1), ("ghbm", 3, 2), ("localghbm", 1, 3), ("fedhbm", 1, 1),
-                                           ("fedhbm", 1, 4)])
+@pytest.mark.parametrize(
+    "variant,tau,J", [("ghbm", 1, 1), ("ghbm", 3, 2), ("localghbm", 1, 3), ("fedhbm", 1, 1), ("fedhbm", 1, 4)]
+)
 def test_state_driver_equals_the_per_round_loop(variant, tau, J):
-    rf = GHBMRound(variant, tau=tau, momentum=0.9 if variant != "fedhbm" else 1.0, local_steps=J, client_lr=0.05,
-                   scheduled="server")
+    rf = GHBMRound(
+        variant,
+        tau=tau,
+        momentum=0.9 if variant != "fedhbm" else 1.0,
+        local_steps=J,
+        client_lr=0.05,
+        scheduled="server",
+    )
     sched = schedule(0.8)
     checks = [1, 2, 17, 1000, T]
     fast = run_state_fast(rf, rf.dim, sched, rf.initial_state(10.0), 10.0, T, checks, chunk=256)
@@ -39,8 +46,9 @@ def test_ghbm_tau1_is_fedavgm_and_localghbm_is_ghbm_tau_p():
     got = {}
     for name, tau in (("ghbm", 1), ("localghbm", 1), ("ghbm", 2)):
         rf = GHBMRound(name, tau=tau, momentum=beta)  # server lr 1, client step eta_t (1 - beta)
-        got[name, tau] = run_state_fast(rf, rf.dim, schedule(eta * (1 - beta)), rf.initial_state(10.0), 10.0, T,
-                                        [100, T])
+        got[name, tau] = run_state_fast(
+            rf, rf.dim, schedule(eta * (1 - beta)), rf.initial_state(10.0), 10.0, T, [100, T]
+        )
     np.testing.assert_allclose(got["ghbm", 1], avgm, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got["localghbm", 1], got["ghbm", 2], rtol=1e-12, atol=1e-14)
     assert np.max(np.abs(got["ghbm", 2] - avgm)) > 1e-3  # GHBM(tau=2) is not heavy ball
@@ -65,17 +73,50 @@ def test_flower_theory_ghbm_writes_every_output(tmp_path, capsys):
         assert (tmp_path / name).stat().st_size > 0, name
     payload = json.loads((tmp_path / "ghbm.json").read_text())
     entries = payload["table1"]["entries"]
-    assert len(entries) == 45 and {"fedavgm", "fedcm", "ghbm_tau1", "ghbm_tau2", "ghbm_tau4", "localghbm",
-                                   "fedhbm", "paper_momentum"} <= set(entries[0])
-    assert {r["algorithm"] for r in payload["rates"]["rows"]} == {"fedavgm", "ghbm_tau1", "ghbm_tau2", "ghbm_tau4",
-                                                                  "localghbm", "fedhbm"}
+    assert len(entries) == 45 and {
+        "fedavgm",
+        "fedcm",
+        "ghbm_tau1",
+        "ghbm_tau2",
+        "ghbm_tau4",
+        "localghbm",
+        "fedhbm",
+        "paper_momentum",
+    } <= set(entries[0])
+    assert {r["algorithm"] for r in payload["rates"]["rows"]} == {
+        "fedavgm",
+        "ghbm_tau1",
+        "ghbm_tau2",
+        "ghbm_tau4",
+        "localghbm",
+        "fedhbm",
+    }
     assert len(payload["findings"]) >= 5 and "heterogeneity" in (tmp_path / "ghbm.md").read_text()
     assert "ghbm.png" in capsys.readouterr().out
 
 
 def test_ghbm_point_prints_one_json_line_with_theta_R(capsys):
-    args = ["ghbm-point", "--tau", "1", "--momentum", "0.5", "--server-lr", "1", "--client-lr", "0.3", "--J", "1",
-            "--G", "4", "--theta0", "2", "--mu", "1.5", "--rounds", "40"]
+    args = [
+        "ghbm-point",
+        "--tau",
+        "1",
+        "--momentum",
+        "0.5",
+        "--server-lr",
+        "1",
+        "--client-lr",
+        "0.3",
+        "--J",
+        "1",
+        "--G",
+        "4",
+        "--theta0",
+        "2",
+        "--mu",
+        "1.5",
+        "--rounds",
+        "40",
+    ]
     assert main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
@@ -88,9 +129,17 @@ def test_ghbm_point_prints_one_json_line_with_theta_R(capsys):
     assert out["theta"] == pytest.approx(th, rel=1e-12)
 
 
-@pytest.mark.parametrize("argv,message", [(["--tau", "0"], "--tau"), (["--momentum", "1.01"], "--momentum"),
-                                          (["--server-lr", "-1"], "--server-lr"), (["--client-lr", "x"], "--client-lr"),
-                                          (["--J", "0"], "--J"), (["--rounds", "2.5"], "--rounds")])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--tau", "0"], "--tau"),
+        (["--momentum", "1.01"], "--momentum"),
+        (["--server-lr", "-1"], "--server-lr"),
+        (["--client-lr", "x"], "--client-lr"),
+        (["--J", "0"], "--J"),
+        (["--rounds", "2.5"], "--rounds"),
+    ],
+)
 def test_ghbm_point_bad_input_exits_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as err:
         main(["ghbm-point", *argv])

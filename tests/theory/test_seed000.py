@@ -69,10 +69,15 @@ def test_full_table1_matches_paper():
     """T = 10^6, 90 entries (about 2 s): all match except the γ = 0.9 entry that contradicts linearity and
     the no-momentum α = 0.1 row, whose own (G=10, θ0=10) entry (0.70) disagrees with 7.2/7.2/0.72."""
     payload = tables.table1()
-    bad = {(e["momentum"], e["schedule"], e["param"], e["G"], e["theta0"])
-           for e in payload["entries"] if not e["match"]}
-    assert bad == {(True, "exp", 0.9, 10.0, 10.0), (False, "poly", 0.1, 100.0, 0.0), (False, "poly", 0.1, 100.0, 10.0),
-                   (False, "poly", 0.1, 10.0, 0.0)}
+    bad = {
+        (e["momentum"], e["schedule"], e["param"], e["G"], e["theta0"]) for e in payload["entries"] if not e["match"]
+    }
+    assert bad == {
+        (True, "exp", 0.9, 10.0, 10.0),
+        (False, "poly", 0.1, 100.0, 0.0),
+        (False, "poly", 0.1, 100.0, 10.0),
+        (False, "poly", 0.1, 10.0, 0.0),
+    }
     by = {(e["momentum"], e["schedule"], e["param"], e["G"], e["theta0"]): e for e in payload["entries"]}
     wrong = by[(True, "exp", 0.9, 10.0, 10.0)]
     assert wrong["value"] == pytest.approx(0.24, abs=0.005) and wrong["paper"] == -24.0  # sign and exponent typo

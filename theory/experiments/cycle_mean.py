@@ -3,7 +3,7 @@
 Lemma III.4's clients share the curvature mu, so every method's period-2 steady state is centred on x* = 0 (its input
 ±G has mean 0: ``seed000.limit_cycle``'s ``cycle_mean_sim``). Give client 2 the curvature mu (1 + h) and client 1
 mu (1 − h): f = (f_1 + f_2)/2 is still minimised at x* = 0, but the round map now alternates, and the cycle mean
-(θ^T + θ^{T−1})/2 moves off x*. On real data (docs/convex.md, "Fourteenth session") FedAvg's and FedAvgM's cycle
+(θ^T + θ^{T−1})/2 moves off x*. On real data (docs/findings.md) FedAvg's and FedAvgM's cycle
 means coincide and GHBM's lies lower; this experiment asks whether unequal curvature alone reproduces either.
 Every round goes through ``strategies.math`` (``MomentumRound``, ``GHBMRound``); FedAvg's cycle is also checked
 against its closed form (``closed_forms.fedavg_cycle``).
@@ -67,18 +67,29 @@ def cycle_mean(hs: tuple[float, ...] = (0.0, 0.25, 0.5), Js: tuple[int, ...] = (
             for name, (rf, lr) in methods(mu_odd, mu_even, J).items():
                 with np.errstate(over="ignore", invalid="ignore"):
                     mean, spread = last_cycle(rf, lr, T)
-                rows.append({"h": h, "mu_odd": mu_odd, "mu_even": mu_even, "J": J, "algorithm": name,
-                             "cycle_mean": mean, "half_spread": spread,
-                             "mean_over_spread": mean / spread if spread else None,
-                             "fedavg_closed_mean": float(closed[0]), "fedavg_closed_spread": float(closed[1])})
-    return {"rows": rows, "setup": {"mu": MU, "G": G, "J_client_lr": CLIENT_LR, "beta": BETA, "T": T,
-                                    "x_star": 0.0}}
+                rows.append(
+                    {
+                        "h": h,
+                        "mu_odd": mu_odd,
+                        "mu_even": mu_even,
+                        "J": J,
+                        "algorithm": name,
+                        "cycle_mean": mean,
+                        "half_spread": spread,
+                        "mean_over_spread": mean / spread if spread else None,
+                        "fedavg_closed_mean": float(closed[0]),
+                        "fedavg_closed_spread": float(closed[1]),
+                    }
+                )
+    return {"rows": rows, "setup": {"mu": MU, "G": G, "J_client_lr": CLIENT_LR, "beta": BETA, "T": T, "x_star": 0.0}}
 
 
 def run_cycle_mean(outdir: str | os.PathLike, T: int = 20_000) -> dict:
     payload = cycle_mean(T=T)
     columns = ["h", "J", "algorithm", "cycle_mean", "half_spread", "mean_over_spread", "fedavg_closed_mean"]
-    notes = ["x* = 0 for every h; cycle_mean = (θ^T + θ^{T−1})/2 from θ^0 = 0, G = 1, server lr 1, J η_l = 0.1, "
-             "β = 0.9 (FedHBM β = 1); fedavg_closed_mean: closed_forms.fedavg_cycle"]
+    notes = [
+        "x* = 0 for every h; cycle_mean = (θ^T + θ^{T−1})/2 from θ^0 = 0, G = 1, server lr 1, J η_l = 0.1, "
+        "β = 0.9 (FedHBM β = 1); fedavg_closed_mean: closed_forms.fedavg_cycle"
+    ]
     payload["paths"] = write_outputs(outdir, "cycle_mean", payload["rows"], payload, columns, notes)
     return payload

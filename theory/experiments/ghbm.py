@@ -1,8 +1,8 @@
-"""Does GHBM escape the momentum limits of seed 000? GHBM(tau), LocalGHBM and FedHBM on Lemma III.4's problem.
+"""Does GHBM escape the momentum limits of paper 1? GHBM(tau), LocalGHBM and FedHBM on Lemma III.4's problem.
 
 Three measurements, side by side with FedAvgM and FedCM, all through ``strategies.math`` (theory/ghbm.py):
 
-- ``table1``: seed 000 Table I's 9 schedules x 5 (G, theta0) columns, theta^T after T = 10^6 rounds. The
+- ``table1``: paper 1 Table I's 9 schedules x 5 (G, theta0) columns, theta^T after T = 10^6 rounds. The
   momentum half of Table I is IGD with momentum = FedAvgM with J = 1, client lr 1, server lr eta_t; the GHBM
   family runs with J = 1, server lr 1 and the *client* step eta_l,t = eta_t (1 - beta) on the same schedule, so
   that GHBM(tau = 1) is exactly the same heavy ball (the "sgd" column: no momentum, same step).
@@ -60,7 +60,8 @@ def table1(T: int = 10**6, mu: float = MU, beta: float = BETA, eps: float = EPS)
     for name, rf in family(beta, mu=mu).items():
         m = state_segment_map(rf, rf.dim, sched, 1, T)
         columns[name] = lambda G, th0, lane, m=m, rf=rf: float(
-            apply_state_map(m[lane : lane + 1], rf.initial_state(th0), G)[0][0])
+            apply_state_map(m[lane : lane + 1], rf.initial_state(th0), G)[0][0]
+        )
     entries = []
     for lane, (schedule, param) in enumerate(rows):
         for (G, th0), paper in zip(pv.COLUMNS, pv.TABLE1_MOMENTUM[lane]):
@@ -68,8 +69,17 @@ def table1(T: int = 10**6, mu: float = MU, beta: float = BETA, eps: float = EPS)
             entry.update({name: fn(G, th0, lane) for name, fn in columns.items()})
             entry["paper_momentum"] = paper
             entries.append(entry)
-    setup = {"T": T, "mu": mu, "beta": beta, "fedhbm_beta": FEDHBM_BETA, "eps": eps, "eta0_fedavgm": eta0,
-             "client_step0_ghbm": step0, "J": 1, "server_lr_ghbm": 1.0}
+    setup = {
+        "T": T,
+        "mu": mu,
+        "beta": beta,
+        "fedhbm_beta": FEDHBM_BETA,
+        "eps": eps,
+        "eta0_fedavgm": eta0,
+        "client_step0_ghbm": step0,
+        "J": 1,
+        "server_lr_ghbm": 1.0,
+    }
     return {"entries": entries, "columns": list(columns), "setup": setup}
 
 
@@ -93,12 +103,13 @@ def _constant_runs(rounds: dict[str, Any], lr: float, T: int, Gs: tuple[float, .
                 period = segment_map(rf, sched, T - 1, T)[:, :2, 0]
             else:
                 zir = run_state_fast(rf, rf.dim, sched, rf.initial_state(1.0), 0.0, T)[0, 0]
-                amps = [float(np.max(np.abs(run_state_fast(rf, rf.dim, sched, rf.initial_state(0.0), G, T,
-                                                           [T - 1, T])))) for G in Gs]
+                amps = [
+                    float(np.max(np.abs(run_state_fast(rf, rf.dim, sched, rf.initial_state(0.0), G, T, [T - 1, T]))))
+                    for G in Gs
+                ]
                 period = state_segment_map(rf, rf.dim, sched, T - 1, T)[0, : rf.dim, : rf.dim]
         stable = bool(np.isfinite(zir) and abs(zir) < 1e-8)
-        rho = None if not np.all(np.isfinite(period)) else float(
-            np.max(np.abs(np.linalg.eigvals(period))) ** 0.5)
+        rho = None if not np.all(np.isfinite(period)) else float(np.max(np.abs(np.linalg.eigvals(period))) ** 0.5)
         out[name] = {"stable_sim": stable, "amps": amps if stable else [None] * len(Gs), "rho": rho}
     return out
 
@@ -121,8 +132,10 @@ def limit_cycle(
             eta = client_lr / (1.0 - beta)
             rounds["fedavgm"] = MomentumRound("fedavgm", mu=mu, client_lr=1.0, momentum=beta)
             rounds["fedcm"] = MomentumRound("fedcm", mu=mu, client_lr=1.0, momentum=beta)
-        runs = {name: _constant_runs({name: rf}, eta if name in ("fedavgm", "fedcm") else client_lr, T, Gs)[name]
-                for name, rf in rounds.items()}
+        runs = {
+            name: _constant_runs({name: rf}, eta if name in ("fedavgm", "fedcm") else client_lr, T, Gs)[name]
+            for name, rf in rounds.items()
+        }
         for name, run in runs.items():
             tau = _tau_of(name, rounds[name])
             cf_amp = ghbm_amplitude(client_lr, beta, tau or 1, mu, 1.0) if name != "fedhbm" else None
@@ -138,8 +151,10 @@ def limit_cycle(
             run = _constant_runs({name: rf}, scheduled, T, Gs)[name]
             tau = _tau_of(name, rf)
             rows.append(_cycle_row(name, BETA if name != "fedhbm" else FEDHBM_BETA, tau, J, lr, run, Gs, None, mu))
-    return {"rows": rows, "setup": {"T": T, "mu": mu, "client_lr": client_lr, "G": list(Gs),
-                                    "fedhbm_beta_in_J_rows": FEDHBM_BETA}}
+    return {
+        "rows": rows,
+        "setup": {"T": T, "mu": mu, "client_lr": client_lr, "G": list(Gs), "fedhbm_beta_in_J_rows": FEDHBM_BETA},
+    }
 
 
 def _tau_of(name: str, rf: Any) -> int | None:
@@ -149,16 +164,35 @@ def _tau_of(name: str, rf: Any) -> int | None:
     return 1
 
 
-def _cycle_row(name: str, beta: float, tau: int | None, J: int, lr: float, run: dict, Gs: tuple[float, ...],
-               cf_amp: float | None, mu: float) -> dict:
+def _cycle_row(
+    name: str,
+    beta: float,
+    tau: int | None,
+    J: int,
+    lr: float,
+    run: dict,
+    Gs: tuple[float, ...],
+    cf_amp: float | None,
+    mu: float,
+) -> dict:
     amps = run["amps"]
     per_g = [a / g if a is not None else None for a, g in zip(amps, Gs)]
     sgd = lr * J / (2.0 - mu * lr * J) if J == 1 else None
     linear = None if per_g[0] is None else bool(max(per_g) - min(per_g) <= 1e-9 * max(abs(per_g[0]), 1e-300))
-    return {"algorithm": name, "beta": beta, "tau": tau, "J": J, "client_lr": lr, "stable_sim": run["stable_sim"],
-            **{f"amplitude_G{g:g}": a for g, a in zip(Gs, amps)}, "amplitude_per_G": per_g[0],
-            "linear_in_G": linear, "amplitude_cf_per_G": cf_amp,
-            "vs_no_momentum": None if per_g[0] is None or sgd is None else per_g[0] / sgd, "rho": run["rho"]}
+    return {
+        "algorithm": name,
+        "beta": beta,
+        "tau": tau,
+        "J": J,
+        "client_lr": lr,
+        "stable_sim": run["stable_sim"],
+        **{f"amplitude_G{g:g}": a for g, a in zip(Gs, amps)},
+        "amplitude_per_G": per_g[0],
+        "linear_in_G": linear,
+        "amplitude_cf_per_G": cf_amp,
+        "vs_no_momentum": None if per_g[0] is None or sgd is None else per_g[0] / sgd,
+        "rho": run["rho"],
+    }
 
 
 # --------------------------------------------------------------------------- Thm III.6 rates
@@ -171,8 +205,14 @@ def rates(T: int = 10**6, beta: float = BETA, G: float = 10.0, mu: float = MU, c
     index = {c: k for k, c in enumerate(checks)}
     t = np.array(ts, dtype=float)
     curves: dict[str, np.ndarray] = {}
-    th, prev = run_fast(MomentumRound("fedavgm", mu=mu, client_lr=1.0, momentum=beta),
-                        Schedule(etas, "polynomial", alphas), 0.0, G, T, ts)
+    th, prev = run_fast(
+        MomentumRound("fedavgm", mu=mu, client_lr=1.0, momentum=beta),
+        Schedule(etas, "polynomial", alphas),
+        0.0,
+        G,
+        T,
+        ts,
+    )
     curves["fedavgm"] = 0.5 * mu * np.maximum(th**2, prev**2)
     sched = Schedule(etas * (1.0 - beta), "polynomial", alphas)
     for name, rf in family(beta, mu=mu).items():
@@ -184,17 +224,45 @@ def rates(T: int = 10**6, beta: float = BETA, G: float = 10.0, mu: float = MU, c
     for name, f in curves.items():
         for k, (a, e) in enumerate(cases):
             slope = np.polyfit(np.log(t[sel]), np.log(f[sel, k]), 1)[0] if np.all(f[sel, k] > 0) else float("nan")
-            rows.append({"algorithm": name, "alpha": a, "eta": e, "mu_eta": mu * e, "fitted_exponent": float(-slope),
-                         "theorem_exponent": cf.rate_exponent(a, mu, e), "f_T": float(f[-1, k]),
-                         "f_T_over_fedavgm": float(f[-1, k] / curves["fedavgm"][-1, k])})
-    return {"rows": rows, "t": t.tolist(), "curves": {k: v.tolist() for k, v in curves.items()},
-            "setup": {"T": T, "beta": beta, "fedhbm_beta": FEDHBM_BETA, "G": G, "mu": mu,
-                      "client_lr": "eta (1 - beta) / t^alpha, server lr 1 (GHBM family)"}}
+            rows.append(
+                {
+                    "algorithm": name,
+                    "alpha": a,
+                    "eta": e,
+                    "mu_eta": mu * e,
+                    "fitted_exponent": float(-slope),
+                    "theorem_exponent": cf.rate_exponent(a, mu, e),
+                    "f_T": float(f[-1, k]),
+                    "f_T_over_fedavgm": float(f[-1, k] / curves["fedavgm"][-1, k]),
+                }
+            )
+    return {
+        "rows": rows,
+        "t": t.tolist(),
+        "curves": {k: v.tolist() for k, v in curves.items()},
+        "setup": {
+            "T": T,
+            "beta": beta,
+            "fedhbm_beta": FEDHBM_BETA,
+            "G": G,
+            "mu": mu,
+            "client_lr": "eta (1 - beta) / t^alpha, server lr 1 (GHBM family)",
+        },
+    }
 
 
 # --------------------------------------------------------------------------- one configuration
-def point(tau: int, momentum: float, server_lr: float, client_lr: float, J: int, G: float, theta0: float,
-          mu: float, rounds: int) -> dict:
+def point(
+    tau: int,
+    momentum: float,
+    server_lr: float,
+    client_lr: float,
+    J: int,
+    G: float,
+    theta0: float,
+    mu: float,
+    rounds: int,
+) -> dict:
     """theta^R of GHBM(tau) on Lemma III.4's problem with constant eta, eta_l (``flower-theory ghbm-point``)."""
     tau = fm.check_tau(tau)
     fm.check_ghbm_momentum(momentum)
@@ -212,5 +280,15 @@ def point(tau: int, momentum: float, server_lr: float, client_lr: float, J: int,
             from theory.state_driver import run_state_loop
 
             theta = run_state_loop(rf, sched, rf.initial_state(theta0), G, rounds)[0, 0]
-    return {"tau": tau, "momentum": momentum, "server_lr": server_lr, "client_lr": client_lr, "J": J, "G": G,
-            "theta0": theta0, "mu": mu, "rounds": rounds, "theta": float(theta)}
+    return {
+        "tau": tau,
+        "momentum": momentum,
+        "server_lr": server_lr,
+        "client_lr": client_lr,
+        "J": J,
+        "G": G,
+        "theta0": theta0,
+        "mu": mu,
+        "rounds": rounds,
+        "theta": float(theta),
+    }

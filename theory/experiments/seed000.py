@@ -1,4 +1,4 @@
-"""Seed 000 dynamics experiments: limit cycle (Thm III.5), decay rates (Thm III.6), local steps (Eq. 5-7)."""
+"""Paper 1 dynamics experiments: limit cycle (Thm III.5), decay rates (Thm III.6), local steps (Eq. 5-7)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,17 @@ def limit_cycle(
         amp_sim = float(max(abs(zsr[0][0, k]), abs(zsr[1][0, k]))) if stable_sim else None
         amp_cf = float(cf.limit_cycle_amplitude(e, b, mu, G)) if f < 1 else None
         rows.append(
-            {"beta": b, "eta": float(e), "eta_over_bound": f, "stable_sim": stable_sim, "stable_eq9": bool(f < 1.0),
-             "amplitude_sim": amp_sim, "amplitude_eq10": amp_cf, "cycle_mean_sim": _cycle_mean(zsr, k, stable_sim),
-             "rel_err": None if amp_sim is None or amp_cf is None else abs(amp_sim - amp_cf) / amp_cf}
+            {
+                "beta": b,
+                "eta": float(e),
+                "eta_over_bound": f,
+                "stable_sim": stable_sim,
+                "stable_eq9": bool(f < 1.0),
+                "amplitude_sim": amp_sim,
+                "amplitude_eq10": amp_cf,
+                "cycle_mean_sim": _cycle_mean(zsr, k, stable_sim),
+                "rel_err": None if amp_sim is None or amp_cf is None else abs(amp_sim - amp_cf) / amp_cf,
+            }
         )
     return {"rows": rows, "setup": {"T": T, "G": G, "mu": mu}}
 
@@ -47,7 +55,7 @@ def limit_cycle(
 def _cycle_mean(response: tuple[np.ndarray, np.ndarray], lane: int, stable: bool = True) -> float | None:
     """(θ^T + θ^{T−1}) / 2: the mean of the last period-2 cycle, the point the oscillation is around. The round map is
     linear with the zero-mean input ±G, so in the periodic steady state it is (I − A)⁻¹ B · mean(input) = 0 = x*,
-    with or without momentum (docs/convex.md, "Fourteenth session", where the real data disagrees)."""
+    with or without momentum (docs/findings.md, where the real data disagrees)."""
     return float((response[0][0, lane] + response[1][0, lane]) / 2) if stable else None
 
 
@@ -59,8 +67,9 @@ def run_limit_cycle(outdir: str | os.PathLike, T: int = 20_000) -> dict:
         line = np.linspace(0, max(r["eta"] for r in rs) * 1.02, 200)
         (h,) = ax.plot(line, cf.limit_cycle_amplitude(line, b, MU, 1.0), lw=1)
         ax.plot([r["eta"] for r in rs], [r["amplitude_sim"] for r in rs], "o", color=h.get_color(), label=f"beta={b}")
-    ax.set(xlabel="eta", ylabel="limit-cycle amplitude |theta^t| (G=1)", yscale="log",
-           title="Thm III.5: Eq. 10 (lines)")
+    ax.set(
+        xlabel="eta", ylabel="limit-cycle amplitude |theta^t| (G=1)", yscale="log", title="Thm III.5: Eq. 10 (lines)"
+    )
     ax.legend()
     payload["paths"] = write_outputs(outdir, "limit_cycle", payload["rows"], payload)
     payload["paths"]["png"] = save_figure(fig, outdir, "limit_cycle")
@@ -85,8 +94,17 @@ def rates(T: int = 10**6, beta: float = 0.9, G: float = 10.0, mu: float = MU, ca
     for k, (a, e) in enumerate(cases):
         slope = np.polyfit(np.log(t[sel]), np.log(f[sel, k]), 1)[0]
         expected = cf.rate_exponent(a, mu, e)
-        rows.append({"alpha": a, "eta": e, "mu_eta": mu * e, "fitted_exponent": float(-slope),
-                     "theorem_exponent": expected, "abs_err": abs(-slope - expected), "f_T": float(f[-1, k])})
+        rows.append(
+            {
+                "alpha": a,
+                "eta": e,
+                "mu_eta": mu * e,
+                "fitted_exponent": float(-slope),
+                "theorem_exponent": expected,
+                "abs_err": abs(-slope - expected),
+                "f_T": float(f[-1, k]),
+            }
+        )
         curves[f"alpha={a},eta={e}"] = f[:, k].tolist()
     return {"rows": rows, "t": t.tolist(), "curves": curves, "setup": {"T": T, "beta": beta, "G": G, "mu": mu}}
 
@@ -125,10 +143,21 @@ def local_steps(
             th, prev = run_fast(rf, sched, 0.0, G, T)
             amp_sim = float(max(abs(th[0, 0]), abs(prev[0, 0])))
             rows.append(
-                {"algorithm": algorithm, "J": J, "p": p, "p_eq": closed[0], "q": q, "q_eq": closed[1], "r": r,
-                 "r_eq": closed[2], "rho": float(cf.spectral_radius(p, r)), "amplitude_sim": amp_sim,
-                 "cycle_mean_sim": _cycle_mean((th, prev), 0),
-                 "amplitude_cf": float(cf.periodic_amplitude(*closed, G)), "q_lower_eq7": eta_t * eta_l * (1 - beta)}
+                {
+                    "algorithm": algorithm,
+                    "J": J,
+                    "p": p,
+                    "p_eq": closed[0],
+                    "q": q,
+                    "q_eq": closed[1],
+                    "r": r,
+                    "r_eq": closed[2],
+                    "rho": float(cf.spectral_radius(p, r)),
+                    "amplitude_sim": amp_sim,
+                    "cycle_mean_sim": _cycle_mean((th, prev), 0),
+                    "amplitude_cf": float(cf.periodic_amplitude(*closed, G)),
+                    "q_lower_eq7": eta_t * eta_l * (1 - beta),
+                }
             )
     for row in rows:
         if row["algorithm"] == "fedcm":

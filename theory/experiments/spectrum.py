@@ -1,4 +1,4 @@
-"""Seed 001 Section 5 and Theorem 4: spectrum of Q_i A_i, condition-number reduction, K-MAML = Theta_{2K+1}.
+"""Paper 2 Section 5 and Theorem 4: spectrum of Q_i A_i, condition-number reduction, K-MAML = Theta_{2K+1}.
 
 Eigenvalues of Q_i(gamma, Theta_{1:K}) A_i are computed numerically (Q_i by Eq. 8 from the shared
 ``theta_weights``) and compared with phi_{K,lambda}(gamma) (Lemma 11); the surrogate condition number
@@ -43,12 +43,19 @@ def spectrum(
             eig_k = np.sort(np.linalg.eigvals(QA_k).real)
             closed_k = np.sort(cf.fomaml_eigenvalue(K, lam, g))
             rows.append(
-                {"K": K, "gamma": float(g), "lambda_max": eig[-1], "phi_K_L": float(cf.phi(K, L, g)),
-                 "lambda_min": eig[0], "phi_K_mu": float(cf.phi(K, mu, g)),
-                 "max_eig_err_fedavg": float(np.max(np.abs(eig - closed))),
-                 "max_eig_err_fomaml": float(np.max(np.abs(eig_k - closed_k))),
-                 "cond_numeric": float(eig[-1] / eig[0]), "cond_closed": float(cf.phi(K, L, g) / cf.phi(K, mu, g)),
-                 "cond_true": L / mu}
+                {
+                    "K": K,
+                    "gamma": float(g),
+                    "lambda_max": eig[-1],
+                    "phi_K_L": float(cf.phi(K, L, g)),
+                    "lambda_min": eig[0],
+                    "phi_K_mu": float(cf.phi(K, mu, g)),
+                    "max_eig_err_fedavg": float(np.max(np.abs(eig - closed))),
+                    "max_eig_err_fomaml": float(np.max(np.abs(eig_k - closed_k))),
+                    "cond_numeric": float(eig[-1] / eig[0]),
+                    "cond_closed": float(cf.phi(K, L, g) / cf.phi(K, mu, g)),
+                    "cond_true": L / mu,
+                }
             )
     return {"rows": rows, "setup": {"mu": mu, "L": L, "d": d, "seed": seed, "theta": "fedavg (Theta_{1:K})"}}
 
@@ -81,9 +88,15 @@ def maml_equivalence(Ks=(1, 2, 3, 5), gamma: float = 0.1, d: int = 4, clients: i
         lu = [localupdate_client(x, cl.grad, gamma, theta) for cl in pop]
         maml_round = fm.localupdate_server_update([x], fm.weighted_mean([[q] for q in maml], weights), 0.5)[0]
         lu_round = localupdate_round(x, pop, weights, gamma, 0.5, theta)
-        rows.append({"K": K, "theta": f"Theta_{2 * K + 1}", "max_client_diff": float(max(np.max(np.abs(a - b))
-                     for a, b in zip(maml, lu))), "server_round_diff": float(np.max(np.abs(maml_round - lu_round))),
-                     "client_norm": float(max(np.linalg.norm(a) for a in maml))})
+        rows.append(
+            {
+                "K": K,
+                "theta": f"Theta_{2 * K + 1}",
+                "max_client_diff": float(max(np.max(np.abs(a - b)) for a, b in zip(maml, lu))),
+                "server_round_diff": float(np.max(np.abs(maml_round - lu_round))),
+                "client_norm": float(max(np.linalg.norm(a) for a in maml)),
+            }
+        )
     return {"rows": rows, "setup": {"gamma": gamma, "d": d, "clients": clients, "seed": seed}}
 
 

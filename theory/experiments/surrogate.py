@@ -1,4 +1,4 @@
-"""Seed 001 Section 3-4: surrogate loss of LocalUpdate on scalar quadratic clients, and LocalUpdate itself.
+"""Paper 2 Section 3-4: surrogate loss of LocalUpdate on scalar quadratic clients, and LocalUpdate itself.
 
 Clients f_i(x) = 1/2 A_i (x - c_i)^2 with A_i = i, c_i = 1/i: (a) the two-point example (i in {1, 2},
 equally likely), (b) the continuous example of Figure 1 (density 8i/15 on [0.5, 2]), represented exactly by
@@ -82,8 +82,10 @@ def run_localupdate(
     # curvature of the mean update, measured through the client code itself (the update is affine in x)
     curvature = mean_update(np.ones(gammas.size)) - mean_update(np.zeros(gammas.size))
     if np.any(curvature <= 0):
-        raise ValueError("E[Q_i A_i] <= 0 for this (gamma, Theta): the surrogate loss has no minimizer "
-                         "and LocalUpdate diverges; use a smaller --gamma")
+        raise ValueError(
+            "E[Q_i A_i] <= 0 for this (gamma, Theta): the surrogate loss has no minimizer "
+            "and LocalUpdate diverges; use a smaller --gamma"
+        )
     eta0 = 0.5 / curvature if eta0 is None else np.asarray(eta0, dtype=float)
     x = np.zeros(gammas.size)
     traj = [x.copy()]
@@ -110,8 +112,15 @@ def point(example: str, gamma: float, K: int, theta: str = "fedavg", rounds: int
     pop = population(example)
     th = theta_matrix(theta, [K])
     x_lu = run_localupdate(pop, np.array([gamma]), th, rounds)[-1, 0]
-    return {"example": example, "gamma": gamma, "K": K, "theta": theta, "x_true": true_minimizer(pop),
-            "x_surrogate": surrogate_minimizer(pop, gamma, th[0]), "x_localupdate": float(x_lu)}
+    return {
+        "example": example,
+        "gamma": gamma,
+        "K": K,
+        "theta": theta,
+        "x_true": true_minimizer(pop),
+        "x_surrogate": surrogate_minimizer(pop, gamma, th[0]),
+        "x_localupdate": float(x_lu),
+    }
 
 
 def sweep(rounds: int = 2000) -> dict:
@@ -132,10 +141,20 @@ def sweep(rounds: int = 2000) -> dict:
                 closed = cf.two_point_surrogate_gamma(gamma) if varied == "gamma" else cf.two_point_surrogate_K(K)
             else:
                 closed = None
-            rows.append({"example": example, "varied": varied, "gamma": gamma, "K": K, "x_true": true_minimizer(pop),
-                         "x_avg_client_opt": float(np.sum(pop.probs * pop.c)), "x_surrogate": x_s,
-                         "x_surrogate_closed_form": closed, "x_localupdate": float(traj[-1, k]),
-                         "lu_minus_surrogate": float(traj[-1, k] - x_s)})
+            rows.append(
+                {
+                    "example": example,
+                    "varied": varied,
+                    "gamma": gamma,
+                    "K": K,
+                    "x_true": true_minimizer(pop),
+                    "x_avg_client_opt": float(np.sum(pop.probs * pop.c)),
+                    "x_surrogate": x_s,
+                    "x_surrogate_closed_form": closed,
+                    "x_localupdate": float(traj[-1, k]),
+                    "lu_minus_surrogate": float(traj[-1, k] - x_s),
+                }
+            )
             curves[f"{example}|{varied}|gamma={gamma}|K={K}"] = traj[:, k]
     return {"rows": rows, "curves": curves, "setup": {"rounds": rounds, "theta": "fedavg (Theta_{1:K})"}}
 
@@ -148,8 +167,14 @@ def run_surrogate(outdir: str | os.PathLike, rounds: int = 2000) -> dict:
             example, v, g, K = name.split("|")
             if example == "figure1" and v == varied:
                 (h,) = ax.plot(curve, lw=1, label=f"{g}, {K}")
-                row = next(r for r in payload["rows"] if f"gamma={r['gamma']}" == g and f"K={r['K']}" == K
-                           and r["example"] == example and r["varied"] == v)
+                row = next(
+                    r
+                    for r in payload["rows"]
+                    if f"gamma={r['gamma']}" == g
+                    and f"K={r['K']}" == K
+                    and r["example"] == example
+                    and r["varied"] == v
+                )
                 ax.axhline(row["x_surrogate"], ls=":", color=h.get_color(), lw=1)
         r0 = next(r for r in payload["rows"] if r["example"] == "figure1")
         ax.axhline(r0["x_true"], color="k", lw=1.5, label="x* (true)")

@@ -1,4 +1,4 @@
-"""Seed 000 Tables I and II: theta^T of IGD with/without momentum on the problem of Lemma III.4.
+"""Paper 1 Tables I and II: theta^T of IGD with/without momentum on the problem of Lemma III.4.
 
 Setup (recovered from the paper): mu = 2, T = 10^6 rounds t = 1..T from theta^{-1} = theta^0, client 1 at odd t;
 eta0 = (1 + beta) / (mu (1 - beta)) - eps, eps = 1e-2 (beta = 0 for the no-momentum half); schedules
@@ -79,8 +79,15 @@ def paper_linearity_violations(momentum: bool) -> list[dict[str, Any]]:
                 slack += 9 * 0.5 * last_digit(v[(10.0, 0.0)])
             if abs(v[target] - predicted) > slack * (1 + 1e-9):
                 out.append(
-                    {"momentum": momentum, "schedule": schedule, "param": param, "G": target[0],
-                     "theta0": target[1], "paper": v[target], "predicted_by_linearity": predicted}
+                    {
+                        "momentum": momentum,
+                        "schedule": schedule,
+                        "param": param,
+                        "G": target[0],
+                        "theta0": target[1],
+                        "paper": v[target],
+                        "predicted_by_linearity": predicted,
+                    }
                 )
     return out
 
@@ -97,8 +104,16 @@ def table1(T: int = 10**6, mu: float = 2.0, eps: float = 1e-2, beta: float = 0.9
         for (G, th0), paper in zip(pv.COLUMNS, paper_row):
             value = float(theta_T(m[:, :, lane], G, th0))
             entries.append(
-                {"momentum": b > 0, "schedule": schedule, "param": param, "G": G, "theta0": th0,
-                 "value": value, "paper": paper, "match": matches(value, paper)}
+                {
+                    "momentum": b > 0,
+                    "schedule": schedule,
+                    "param": param,
+                    "G": G,
+                    "theta0": th0,
+                    "value": value,
+                    "paper": paper,
+                    "match": matches(value, paper),
+                }
             )
     violations = paper_linearity_violations(True) + paper_linearity_violations(False)
     setup = {"T": T, "mu": mu, "eps": eps, "beta": beta, "algorithm": algorithm, "eta0": sorted(set(eta0s))}
@@ -115,8 +130,18 @@ def table2(T: int = 10**6, mu: float = 2.0, eps: float = 1e-2, beta: float = 0.9
         for th0, paper in zip(pv.TABLE2_COLUMNS, pv.TABLE2[label]):
             value = float(theta_T(m[:, :, lane], 10.0, th0))
             entries.append(
-                {"momentum": True, "schedule": "poly", "param": 1.0, "G": 10.0, "theta0": th0, "eta0": eta0,
-                 "eta0_rule": label, "value": value, "paper": paper, "match": matches(value, paper)}
+                {
+                    "momentum": True,
+                    "schedule": "poly",
+                    "param": 1.0,
+                    "G": 10.0,
+                    "theta0": th0,
+                    "eta0": eta0,
+                    "eta0_rule": label,
+                    "value": value,
+                    "paper": paper,
+                    "match": matches(value, paper),
+                }
             )
     return {"entries": entries, "setup": {"T": T, "mu": mu, "eps": eps, "beta": beta, "algorithm": algorithm}}
 

@@ -1,0 +1,87 @@
+"""Server-side evaluation of the global model: the test set and, with ``eval_train``, the clients' population."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+
+from client.data import Dataset
+from client.datasets import NaturalData
+from client.examples import ImageExamples
+from client.models import build_model
+from client.train import evaluate_examples, get_device, load_arrays
+from server.run.partitions import client_partitions
+
+
+def evaluation_examples(cfg: Mapping[str, Any], ds: Dataset | NaturalData) -> tuple[Any, list[Any]]:
+    """(server test examples, each selected client's training examples). A natural task without a test split
+    (FEMNIST, Shakespeare, Stack Overflow: paper 2 §8 uses training clients only) is tested on the training
+    examples of the selected clients, which are contiguous rows of its cache."""
+    n = int(cfg["num_clients"])
+    if isinstance(ds, NaturalData):
+        test = ds.split("test") if "test" in ds.meta["num_rows"] else ds.split("train", int(ds.offsets[n]))
+        return test, [ds.client(i, augment=False) for i in range(n)] if cfg.get("eval_train") else []
+    test = ImageExamples(ds.x_test, ds.y_test, ds.mean, ds.std, augment=False)
+    parts = client_partitions(cfg, ds) if cfg.get("eval_train") else []
+    return test, [ImageExamples(ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, False) for idx in parts]
+
+
+class Evaluator:
+    """Server-side evaluation of a global model: the test set, and with ``eval_train`` the clients' population.
+
+    The population loss is paper 2 Eq. 2, f(x) = E_{i~P} f_i(x) with P uniform over the N clients and f_i the
+    mean loss over client i's training examples (no augmentation): the mean over clients of their mean losses
+    (the partitions are equal up to one example, so this is also the loss over the union of their data).
+    ``eval_train_max_examples`` > 0 takes that many examples in all, evenly spaced within each partition.
+    """
+
+    def __init__(self, cfg: Mapping[str, Any], ds: Dataset | NaturalData) -> None:
+        self.ds = ds
+        self.model = build_model(cfg["model"]["name"], ds.num_classes).to(get_device())
+        self.max_examples = int(cfg.get("eval_max_examples", 0))
+        self.test, clients = evaluation_examples(cfg, ds)
+        self.partitions = clients if cfg.get("eval_train") else None
+        train_max = int(cfg.get("eval_train_max_examples", 0))
+        self.per_client_max = max(1, -(-train_max // int(cfg["num_clients"]))) if train_max > 0 else 0
+        self.gap = None
+        if cfg.get("eval_gap"):  # pop_gap = f(x) - f* (docs/convex.md)
+            from server.convex.optimum import PopulationGap
+
+            self.gap = PopulationGap(cfg, ds)
+
+    def __call__(self, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> tuple[float, float]:
+        """(test loss, test accuracy)."""
+        load_arrays(self.model, _numpy(arrays))
+        with torch.no_grad():
+            loss, acc, _ = evaluate_examples(self.model, self.test, self.max_examples)
+        return float(loss), float(acc)
+
+    def population(self, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> tuple[float, float]:
+        """(population train loss f(x), population train accuracy): means over clients of their means."""
+        load_arrays(self.model, _numpy(arrays))
+        per_client = [evaluate_examples(self.model, examples, self.per_client_max)[:2] for examples in self.partitions]
+        loss, acc = np.mean(np.asarray(per_client, dtype=np.float64), axis=0)
+        return float(loss), float(acc)
+
+    def metrics(self, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Metrics-row entries: ``loss``, ``accuracy`` and, with ``eval_train``, ``pop_loss``, ``pop_accuracy``
+        (and with ``eval_gap``, ``pop_gap``). Numpy arrays are evaluated as given: a float64 model (the window's
+        mean) gets its ``pop_gap`` in float64 and its test metrics in the model's float32."""
+        values = _numpy(arrays)
+        row = dict(zip(("loss", "accuracy"), self(values)))
+        if self.gap is not None and not self.per_client_max:  # every example: f's float64 pass gives all three
+            row.update(self.gap.with_population(values))
+            return row
+        if self.partitions is not None:
+            row.update(zip(("pop_loss", "pop_accuracy"), self.population(values)))
+        if self.gap is not None:
+            row["pop_gap"] = self.gap(values)
+        return row
+
+
+def _numpy(arrays: ArrayRecord | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v.numpy() if hasattr(v, "numpy") else np.asarray(v) for k, v in arrays.items()}
