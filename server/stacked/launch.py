@@ -1,0 +1,270 @@
+"""Run a multirun's validated job configs: the jobs that share a shape as one program per group
+(:func:`run_group`), a job that fits no group alone on the batched engine.
+
+A group's jobs run side by side, each in its own thread through :func:`server.run.app.run_experiment` on a
+:class:`~server.stacked.grid.JobGrid`; their rounds advance together and the clients of all jobs train in one pass
+(:mod:`server.stacked.trainer`). Jobs that evaluate the same data share one evaluator. A job that diverges or fails
+leaves the group and the others go on; every job writes its own run directory as a lone run does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.common.logger import log
+
+from client.environment import DEVICE_ENV
+from client.models import build_model
+from client.train import get_device
+from server.batched.engine import STACKED_CPU_THREADS, chunk_size, device_of
+from server.run import config as config_lib
+from server.run import quiet
+from server.run.app import DivergenceError, run_experiment, write_status
+from server.run.data import prepare_data
+from server.run.evaluator import Evaluator
+from server.stacked.grid import JobGrid
+from server.stacked.trainer import GroupStopped, GroupTrainer
+from strategies.client_manager import NoNodesError
+
+JOB_THREAD = "stacked-job-"  # thread names of a group's jobs
+GROUP_MARK = "stacked_group"  # a log record's attribute: the group's own lines pass the console filter
+# what the jobs of one group share (besides the strategy, seed and learning rates, which may differ)
+SHAPE_KEYS = ("model", "data", "num_clients", "participation", "num_rounds", "eval_every", "eval_tail", "eval_tail_at")
+SHAPE_CLIENT_KEYS = ("batch_size", "local_epochs", "local_steps", "augment", "torch_threads")
+EVAL_KEYS = ("data", "model", "num_clients", "seed", "client", "eval_train", "eval_gap", "eval_fstar")
+EVAL_KEYS += ("eval_max_examples", "eval_train_max_examples")
+
+
+class NotStackable(ValueError):
+    """A job that cannot join a group, and why."""
+
+
+@dataclass
+class Outcome:
+    """How a job ended: ``finished``, ``diverged``, ``failed`` (no node answered, or an invalid config), ``stopped``
+    (its group was stopped) or ``error``."""
+
+    run_dir: str
+    status: str
+    message: str = ""
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def stackable(cfg: Mapping[str, Any]) -> None:
+    """Raise :class:`NotStackable` unless ``cfg`` can run in a group (the batched engine's jobs only)."""
+    engine = config_lib.engine_name(cfg)
+    if engine != "batched":
+        raise NotStackable(f"engine={engine}: a group runs the batched engine's rounds (set engine=batched)")
+
+
+def shape_key(cfg: Mapping[str, Any]) -> str:
+    """The jobs of one group have equal keys: model, data and partitions, clients, schedule, local steps, rounds,
+    evaluation rounds and engine."""
+    shape = {k: cfg.get(k) for k in SHAPE_KEYS}
+    shape["client"] = {k: cfg["client"].get(k) for k in SHAPE_CLIENT_KEYS}
+    shape["engine"] = cfg.get("engine")
+    return json.dumps(shape, sort_keys=True)
+
+
+def plan(cfgs: Sequence[Mapping[str, Any]], max_jobs: int | None = None) -> tuple[list[list[int]], dict[int, str]]:
+    """(groups of job indices in order of first appearance, at most ``max_jobs`` each; {index: why it runs alone}
+    for the jobs that cannot be stacked)."""
+    alone: dict[int, str] = {}
+    groups: dict[str, list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        try:
+            stackable(cfg)
+        except NotStackable as err:
+            alone[i] = str(err)
+            continue
+        groups.setdefault(shape_key(cfg), []).append(i)
+    size = max_jobs or max((len(g) for g in groups.values()), default=1)
+    return [g[s : s + size] for g in groups.values() for s in range(0, len(g), size)], alone
+
+
+class SharedEvaluator:
+    """One :class:`server.run.evaluator.Evaluator` for the jobs that evaluate the same data, one job at a time."""
+
+    def __init__(self, evaluator: Evaluator) -> None:
+        self.evaluator, self.lock = evaluator, threading.Lock()
+
+    def metrics(self, arrays: Any) -> dict[str, float]:
+        with self.lock:
+            return self.evaluator.metrics(arrays)
+
+
+class _Evaluators:
+    """Evaluators keyed by what evaluation reads (:data:`EVAL_KEYS`)."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, SharedEvaluator] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, cfg: dict[str, Any], dataset: Any) -> SharedEvaluator:
+        key = json.dumps({k: cfg.get(k) for k in EVAL_KEYS}, sort_keys=True)
+        with self.lock:
+            if key not in self.made:
+                self.made[key] = SharedEvaluator(Evaluator(cfg, dataset))
+            return self.made[key]
+
+
+@contextlib.contextmanager
+def _quiet_jobs() -> Iterator[None]:
+    """The console shows the group's lines and the jobs' warnings; each job's round lines go to its run.log."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        job_thread = record.threadName.startswith(JOB_THREAD)
+        return getattr(record, GROUP_MARK, False) or record.levelno >= WARNING or not job_thread
+
+    handlers = [h for h in logging.getLogger("flwr").handlers if not isinstance(h, logging.FileHandler)]
+    for h in handlers:
+        h.addFilter(keep)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(keep)
+
+
+def _say(message: str, *args: Any) -> None:
+    log(INFO, message, *args, extra={GROUP_MARK: True})
+
+
+class _Job(threading.Thread):
+    def __init__(
+        self, index: int, cfg: dict[str, Any], grid: JobGrid, evaluators: _Evaluators, torch_threads: int
+    ) -> None:
+        super().__init__(name=f"{JOB_THREAD}{index}", daemon=True)
+        self.index, self.cfg, self.grid, self.evaluators = index, cfg, grid, evaluators
+        self.torch_threads = torch_threads
+        self.outcome = Outcome(cfg["run_dir"], "error", "did not start")
+
+    def run(self) -> None:
+        run_dir = self.cfg["run_dir"]
+        if self.torch_threads:  # per thread: each job thread would otherwise run an OpenMP team of every core
+            torch.set_num_threads(self.torch_threads)
+        try:
+            self.grid.hold_startup()
+            summary = run_experiment(self.grid, self.cfg, run_dir, evaluator=self.evaluators, thread_log=True)
+            self.outcome = Outcome(run_dir, "finished", summary=summary)
+        except DivergenceError as err:
+            self.outcome = Outcome(run_dir, "diverged", str(err))
+        except NoNodesError as err:
+            self.outcome = Outcome(run_dir, "failed", str(err))
+        except config_lib.ConfigError as err:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            write_status(Path(run_dir), "failed", 0, f"invalid configuration: {err}")
+            self.outcome = Outcome(run_dir, "failed", f"invalid configuration: {err}")
+        except GroupStopped as err:
+            self.outcome = Outcome(run_dir, "stopped", str(err))
+        except Exception as err:  # noqa: BLE001 - one job's failure ends that job only
+            logging.getLogger("flwr").exception("job %d (%s) failed", self.index, run_dir)
+            self.outcome = Outcome(run_dir, "error", f"{type(err).__name__}: {err}")
+        finally:
+            self.grid.release_startup()
+            self.grid.trainer.leave(self.grid)
+            self.grid.close()
+
+
+def run_group(cfgs: Sequence[dict[str, Any]], indices: Sequence[int] | None = None) -> list[Outcome]:
+    """Run validated configs of one shape (:func:`shape_key`) as one program; one :class:`Outcome` per job."""
+    indices = list(indices if indices is not None else range(len(cfgs)))
+    first = cfgs[0]
+    quiet.install()
+    prepare_data(first)
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    previous = os.environ.get(DEVICE_ENV)
+    device = device_of(first)
+    os.environ[DEVICE_ENV] = device.type
+    get_device.cache_clear()
+    started, rounds = time.monotonic(), int(first["num_rounds"])
+    every = float(first.get("progress_every", 10))
+    next_line = [started + every]
+
+    def on_round(rnd: int, clients: int) -> None:
+        now = time.monotonic()
+        if now >= next_line[0] or rnd == rounds:
+            next_line[0] = now + every
+            eta = (now - started) / rnd * (rounds - rnd)
+            _say("[stacked] round %d/%d: %d clients of %d jobs, %.0f s, ETA %.0f s", rnd, rounds, clients,
+                 len(cfgs), now - started, eta)  # fmt: skip
+
+    trainer = GroupTrainer(device, chunk_size(first, device), on_round)
+    startup = threading.Lock()
+    evaluators = _Evaluators()
+    grids = [JobGrid(int(c["num_clients"]), trainer, startup, vectorize=_vectorize(c), device=device) for c in cfgs]
+    stacked = grids[0].stacks(build_model(first["model"]["name"]))
+    threads = int(first["client"].get("torch_threads", 0)) or (STACKED_CPU_THREADS if stacked else 0)
+    threads = threads if device.type == "cpu" else 0
+    jobs = [_Job(i, c, g, evaluators, threads) for i, c, g in zip(indices, cfgs, grids)]
+    for g in grids:
+        trainer.join(g)
+    _say(
+        "[stacked] %d jobs as one program on %s (%s)", len(jobs), device, "stacked clients" if stacked else "one by one"
+    )
+    try:
+        with _quiet_jobs():
+            for job in jobs:
+                job.start()
+            for job in jobs:
+                job.join()
+    finally:
+        trainer.stop("the group ended")
+        if previous is None:
+            os.environ.pop(DEVICE_ENV, None)
+        else:
+            os.environ[DEVICE_ENV] = previous
+        get_device.cache_clear()
+    return [j.outcome for j in jobs]
+
+
+def _vectorize(cfg: Mapping[str, Any]) -> bool | None:
+    value = cfg["engine"].get("vectorize", "auto")
+    return None if value == "auto" else bool(value)
+
+
+def run_lone(cfg: dict[str, Any]) -> Outcome:
+    """A job that fits no group: its own engine, as a lone run."""
+    from server.run.cli import simulate
+
+    try:
+        return Outcome(cfg["run_dir"], "finished", summary=simulate(cfg))
+    except DivergenceError as err:
+        return Outcome(cfg["run_dir"], "diverged", str(err))
+    except NoNodesError as err:
+        return Outcome(cfg["run_dir"], "failed", str(err))
+
+
+def run_jobs(
+    cfgs: Sequence[dict[str, Any]], max_jobs: int | None = None, require_stacked: bool = False
+) -> list[Outcome]:
+    """Every job of a multirun: groups as one program each, the others alone. ``require_stacked``: a job that
+    cannot be stacked is an error (:class:`NotStackable`, before anything runs)."""
+    groups, alone = plan(cfgs, max_jobs)
+    if require_stacked and alone:
+        i, why = next(iter(alone.items()))
+        raise NotStackable(f"job {i} ({cfgs[i]['run_dir']}) cannot be stacked: {why}")
+    outcomes: dict[int, Outcome] = {}
+    for group in groups:
+        if len(group) == 1:
+            log(INFO, "[stacked] job %d (%s) has no other job of its shape: it runs alone", group[0],
+                cfgs[group[0]]["run_dir"])  # fmt: skip
+            outcomes[group[0]] = run_lone(cfgs[group[0]])
+            continue
+        for i, outcome in zip(group, run_group([cfgs[i] for i in group], group)):
+            outcomes[i] = outcome
+    for i, why in alone.items():
+        log(INFO, "[stacked] job %d (%s) runs alone: %s", i, cfgs[i]["run_dir"], why)
+        outcomes[i] = run_lone(cfgs[i])
+    return [outcomes[i] for i in range(len(cfgs))]

@@ -1,0 +1,123 @@
+"""The round barrier of a stacked group: every job's round loop hands its train messages to one
+:class:`GroupTrainer`, which trains the clients of all jobs together once each job of the group has handed in its
+round (or left the group), then gives every job its replies.
+
+Clients of different jobs are stacked together when they share the round's settings (the fields of
+:data:`client.chunk.SHARED_FIELDS`: algorithm, learning rates, beta, batch size, ...): the jobs of a sweep over seeds
+train in the same chunks; jobs that differ in a learning rate train in chunks of their own within the same round.
+Each client's computation is the one a lone ``engine=batched`` run makes (its own batches, augmentation and steps),
+so each job's results are that run's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from flwr.app import Message
+
+from client.chunk import SHARED_FIELDS
+from server.batched.grid import BatchedGrid, StackedEntry, train_stacked
+
+
+class GroupStopped(RuntimeError):
+    """The group was stopped while this job waited for its round (another job failed the group, or a signal)."""
+
+
+def stack_key(entry: StackedEntry) -> tuple:
+    """What clients must share to be trained in one chunk: the model, the data's normalisation and the round's
+    settings."""
+    job = entry[2]
+    cfg = job.train_cfg
+    return (
+        type(job.model).__name__,
+        str(job.model),
+        tuple(job.examples.mean),
+        tuple(job.examples.std),
+        *(repr(getattr(cfg, f)) for f in SHARED_FIELDS),
+    )
+
+
+class GroupTrainer:
+    """Lockstep training of the jobs of one group (see the module docstring).
+
+    ``chunk_size``: the most clients trained together (over all jobs); ``on_round``: called after each group round
+    with (round, clients trained), for progress lines.
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        chunk_size: int | None = None,
+        on_round: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.device, self.chunk_size, self.on_round = device, chunk_size, on_round
+        self._cond = threading.Condition()
+        self._members: set[Any] = set()
+        self._pending: dict[Any, tuple[BatchedGrid, list[Message]]] = {}
+        self._generation = 0
+        self._error: BaseException | None = None
+        self._stopped: str | None = None
+        self.rounds = 0  # group rounds trained
+        self.chunks = 0  # stacked chunks trained
+
+    def join(self, member: Any) -> None:
+        with self._cond:
+            self._members.add(member)
+
+    def leave(self, member: Any) -> None:
+        """``member`` trains no more (finished, diverged or failed); the others go on without waiting for it."""
+        with self._cond:
+            self._members.discard(member)
+            self._pending.pop(member, None)
+            if self._pending and set(self._pending) >= self._members:
+                self._train_pending()
+
+    def stop(self, reason: str) -> None:
+        """Wake every waiting job with :class:`GroupStopped`."""
+        with self._cond:
+            self._stopped = reason
+            self._cond.notify_all()
+
+    def train(self, member: Any, grid: BatchedGrid, messages: list[Message]) -> None:
+        """Hand in ``member``'s train messages of this round; returns once their replies are stored in ``grid``."""
+        with self._cond:
+            if self._stopped:
+                raise GroupStopped(self._stopped)
+            self._pending[member] = (grid, messages)
+            generation = self._generation
+            if set(self._pending) >= self._members:
+                self._train_pending()
+            while self._generation == generation and not self._stopped:
+                self._cond.wait()
+            if self._generation == generation:
+                raise GroupStopped(self._stopped or "stopped")
+            if self._error is not None:
+                raise GroupStopped(f"the group's training raised: {self._error!r}")
+
+    def _train_pending(self) -> None:
+        """Train every pending job's messages together (called with the lock held, by the last job to arrive)."""
+        pending, self._pending = self._pending, {}
+        try:
+            entries: list[StackedEntry] = []
+            for grid, messages in pending.values():
+                prepared = grid.prepare_stacked(messages)
+                if prepared:
+                    entries.extend(prepared)
+            groups: dict[tuple, list[StackedEntry]] = {}
+            for entry in entries:
+                groups.setdefault(stack_key(entry), []).append(entry)
+            for chunk_entries in groups.values():
+                size = self.chunk_size or len(chunk_entries)
+                for start in range(0, len(chunk_entries), size):
+                    train_stacked(chunk_entries[start : start + size], self.device)
+                    self.chunks += 1
+            self.rounds += 1
+            if self.on_round is not None and entries:
+                self.on_round(int(entries[0][2].train_cfg.server_round), len(entries))
+        except BaseException as err:  # noqa: BLE001 - handed to every waiting job
+            self._error = err
+        self._generation += 1
+        self._cond.notify_all()

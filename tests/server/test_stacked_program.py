@@ -1,0 +1,122 @@
+"""The stacked launcher's program (server/stacked): every job of a group equals the same job run alone on
+``engine=batched`` — final model bitwise, every metrics column but the timings — for every registered strategy and
+a FedOpt server optimizer, under cyclic and uniform participation; a diverging job leaves the group; checkpoints
+pass between the stacked program and the batched engine both ways."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from checks.engine_cases import STRATEGIES
+from server.ray.engine import CONF_DIR
+from server.run import config as config_lib
+from server.run.cli import simulate
+from server.stacked.launch import plan, run_jobs, shape_key
+
+pytestmark = pytest.mark.e2e
+TIMINGS = ("seconds", "elapsed")
+CASES = {**STRATEGIES, "fedavgm_adam": ["strategy=fedavgm", "strategy.momentum=0.0", "strategy.server_optimizer=adam"]}
+
+
+def composed(run_dir, data, *overrides):
+    base = [
+        f"run_dir={run_dir}",
+        "engine=batched",
+        "data=cifar10_folder",
+        f"data.root={data['folder']}",
+        f"data.cache_dir={data['cache']}",
+        "num_clients=6",
+        "participation.fraction=0.5",
+        "plots=false",
+        "client.batch_size=8",
+        "strategy.server_lr=0.5",
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=[*base, *overrides])
+    return config_lib.validate(config_lib.to_plain(cfg))
+
+
+def rows(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMINGS} for line in lines]
+
+
+def assert_same_run(stacked_dir, lone_dir):
+    a, b = np.load(stacked_dir / "final_model.npz"), np.load(lone_dir / "final_model.npz")
+    assert a.files == b.files
+    for k in a.files:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+    assert rows(stacked_dir) == rows(lone_dir)
+    assert json.loads((stacked_dir / "status.json").read_text()) == json.loads((lone_dir / "status.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "model, rounds, extra",
+    [("logreg", 20, []), ("cnn", 3, ["engine.vectorize=true", "client.local_steps=1", "eval_max_examples=10"])],
+)
+@pytest.mark.parametrize("mode", ["cyclic", "uniform"])
+def test_each_stacked_job_equals_its_lone_batched_run(tmp_path, tiny_data, model, rounds, extra, mode):
+    common = [f"model={model}", f"num_rounds={rounds}", f"participation.mode={mode}", "eval_every=2", *extra]
+    names = list(CASES)
+    cfgs = [
+        composed(tmp_path / "stacked" / name, tiny_data, *CASES[name], *common, f"seed={i % 2}")
+        for i, name in enumerate(names)
+    ]
+    groups, alone = plan(cfgs)
+    assert groups == [list(range(len(names)))] and not alone  # strategies and seeds differ: one group
+    outcomes = run_jobs(copy.deepcopy(cfgs))
+    assert [o.status for o in outcomes] == ["finished"] * len(names), [o.message for o in outcomes]
+    for i, name in enumerate(names):
+        lone = composed(tmp_path / "lone" / name, tiny_data, *CASES[name], *common, f"seed={i % 2}")
+        simulate(lone)
+        assert_same_run(tmp_path / "stacked" / name, tmp_path / "lone" / name)
+
+
+def test_a_diverging_job_leaves_the_group_and_the_others_go_on(tmp_path, tiny_data):
+    common = ["model=logreg", "num_rounds=8"]
+    cfgs = [
+        composed(tmp_path / "ok", tiny_data, *common),
+        composed(tmp_path / "bad", tiny_data, *common, "strategy.server_lr=1e300"),
+    ]
+    outcomes = run_jobs(copy.deepcopy(cfgs))
+    assert [o.status for o in outcomes] == ["finished", "diverged"]
+    assert json.loads((tmp_path / "bad" / "status.json").read_text())["status"] == "diverged"
+    simulate(composed(tmp_path / "lone", tiny_data, *common))
+    assert_same_run(tmp_path / "ok", tmp_path / "lone")
+
+
+def test_jobs_of_other_shapes_form_other_groups_and_a_ray_job_runs_alone(tmp_path, tiny_data):
+    cfgs = [
+        composed(tmp_path / "a", tiny_data, "model=logreg", "num_rounds=4"),
+        composed(tmp_path / "b", tiny_data, "model=logreg", "num_rounds=5"),
+        composed(tmp_path / "c", tiny_data, "model=logreg", "num_rounds=4", "seed=3"),
+        composed(tmp_path / "d", tiny_data, "model=logreg", "num_rounds=4", "engine=ray"),
+    ]
+    groups, alone = plan(cfgs)
+    assert groups == [[0, 2], [1]] and list(alone) == [3] and "engine=ray" in alone[3]
+    assert shape_key(cfgs[0]) == shape_key(cfgs[2]) != shape_key(cfgs[1])
+    assert plan(cfgs[:1] + cfgs[2:3] + cfgs[:1], max_jobs=2)[0] == [[0, 1], [2]]
+
+
+@pytest.mark.parametrize("first", ["stacked", "batched"])
+def test_a_checkpoint_passes_between_the_stacked_program_and_the_batched_engine(tmp_path, tiny_data, first):
+    """Rounds 1-4 on one, resumed to 8 on the other: bitwise the uninterrupted batched run."""
+    common = ["model=logreg", "strategy=ghbm", "strategy.tau=2", "checkpoint_every=4"]
+    rounds = 4 if first == "stacked" else 8  # a group's jobs share their rounds
+    partner = composed(tmp_path / "partner", tiny_data, *common, f"num_rounds={rounds}", "seed=1")
+    half = composed(tmp_path / "run", tiny_data, *common, "num_rounds=4")
+    rest = composed(tmp_path / "run", tiny_data, *common, "num_rounds=8", "resume=true")
+    group = [half, partner] if first == "stacked" else [rest, partner]
+    assert plan(group)[0] == [[0, 1]]
+    if first == "batched":
+        simulate(half)
+    assert [o.status for o in run_jobs(group)] == ["finished"] * 2
+    if first == "stacked":
+        simulate(rest)
+    simulate(composed(tmp_path / "whole", tiny_data, *common, "num_rounds=8"))
+    a, b = np.load(tmp_path / "run" / "final_model.npz"), np.load(tmp_path / "whole" / "final_model.npz")
+    assert all(np.array_equal(a[k], b[k]) for k in a.files)
+    assert rows(tmp_path / "run") == rows(tmp_path / "whole")
