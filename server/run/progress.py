@@ -117,12 +117,13 @@ class ProgressGrid(Grid):
             pending.difference_update(m.metadata.reply_to_message_id for m in pulled)
             if not pending:
                 break
+            time.sleep(self.poll_interval)
+            # after the sleep, not before it: a round still pending after one poll gets its line when it is due
             if time.monotonic() >= next_report:
                 reports += 1
                 to_console = reports & (reports - 1) == 0  # the 1st, 2nd, 4th, 8th, ... line
                 self._report(total - len(pending), total, started, training, to_console)
                 next_report += self.report_every
-            time.sleep(self.poll_interval)
         return replies
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:

@@ -173,7 +173,9 @@ def test_verbose_must_be_a_boolean(tiny_data, tmp_path):
 @pytest.mark.e2e
 def test_ray_run_thins_in_round_progress_on_the_console_and_keeps_cli_log_quiet(tiny_data, tmp_path):
     """Flower's simulation: run.log has every in-round line (every progress_every s) and Flower's DEBUG lines;
-    the console the 1st, 2nd, 4th, … in-round line of each round; cli.log no DEBUG line."""
+    the console the 1st, 2nd, 4th, … in-round line of each round; cli.log no DEBUG line. Every round logs at least
+    one line: a reply cannot exist at the pull right after the push, and the check that follows the first 0.1 s poll
+    finds the 0.02 s report due."""
     run_dir = tmp_path / "run"
     proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, "progress_every=0.02"), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
