@@ -29,8 +29,6 @@ from strategies.math import theta_weights as make_theta_weights
 EVAL_ROWS = 1000  # examples per client and vmapped forward pass when measuring loss-before
 SHARED_FIELDS = (
     "algorithm",
-    "client_lr",
-    "momentum",
     "batch_size",
     "weight_decay",
     "theta",
@@ -41,6 +39,9 @@ SHARED_FIELDS = (
     "loss_before_batches",
     "server_round",
 )
+# per-client tensors of a chunk: clients that differ only in these (the jobs of a learning-rate or beta sweep) train
+# in one chunk, each with the arithmetic of a chunk of its own
+PER_CLIENT_FIELDS = ("client_lr", "momentum")
 
 
 @dataclass
@@ -146,6 +147,9 @@ class Chunk:
             torch.tensor([self.cfg.participation * (r is not None) for r in received], device=device) if mixed else None
         )
         self.n = [len(c.y) for c in clients]
+        # every batch padded to B (or to the largest client, when B is larger): a client's sums then have the same
+        # length, so the same rounding, whichever clients share its chunk (the jobs of a stacked sweep)
+        self.width = min(self.cfg.batch_size, max(self.n))
         self.generators = [round_generator(c.cfg.seed, c.cfg.server_round, c.cfg.partition_id) for c in clients]
         if family == "localupdate":
             self.weights = [
@@ -161,6 +165,8 @@ class Chunk:
                 num_local_steps(n, self.cfg.batch_size, self.cfg.local_epochs, self.cfg.local_steps) for n in self.n
             ]
         self.steps_t = torch.tensor([float(s) for s in self.steps], device=device)  # J per client, as a tensor
+        self.lr_t, self.momentum_t = self._coefficients(cfgs, next(iter(self.params.values())).dtype)
+        self.zero_lr = family in ("sgd", "localupdate") and any(c.client_lr == 0 for c in cfgs)
         if family == "localupdate":  # Theta_k per client and step (0 past a client's last step)
             self.theta_t = torch.tensor(
                 [[float(w[k]) if k < len(w) else 0.0 for k in range(max(self.steps))] for w in self.weights],
@@ -174,6 +180,22 @@ class Chunk:
         )  # loss-before: no augmentation
         self._xs: torch.Tensor | None = None  # the steps' input buffers (:meth:`_buffers`)
         self._ys: torch.Tensor | None = None
+
+    def _coefficients(self, cfgs: Sequence[TrainConfig], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-client eta_l and beta as tensors, each value the one a plain number gives in the same expression of
+        :func:`strategies.client_step.local_step`: eta_l in the parameters' dtype; beta in J's (it divides J); for
+        FedCM eta_l (1 - beta) as one number, its product taken in double precision as Python takes it (its beta
+        is then 0); for the GHBM family beta / J as one number, as torch computes a number over a tensor (J's
+        reciprocal times the number)."""
+        if self.family == "fedcm":
+            lrs = [c.client_lr * (1.0 - c.momentum) for c in cfgs]
+        else:
+            lrs = [c.client_lr for c in cfgs]
+        lr = torch.tensor(lrs, dtype=torch.float64).to(self.device, dtype)
+        momentum = torch.tensor([c.momentum for c in cfgs], dtype=torch.float64).to(self.device, self.steps_t.dtype)
+        if self.family in ("ghbm", "fedhbm"):
+            momentum = self.steps_t.reciprocal() * momentum
+        return lr, momentum
 
     def batch(self, i: int, rows: np.ndarray, augment: bool) -> torch.Tensor:
         """Model input of client ``i``'s ``rows``: ``prepare_batch`` (augmented with its generator when asked)."""
@@ -224,7 +246,7 @@ class Chunk:
     # ------------------------------------------------------------------ steps
     def _buffers(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, width, ...) input and (rows, width) label tensors for a step: views of two buffers of the whole
-        chunk, allocated again only when the width changes (a smaller last batch)."""
+        chunk."""
         if self._xs is None or self._xs.shape[1] != width:
             shape = (len(self.clients), width)
             self._xs = torch.empty((*shape, *self.plain[0].shape[1:]), dtype=self.plain[0].dtype, device=self.device)
@@ -233,7 +255,7 @@ class Chunk:
 
     def step(self, active: list[int], batches: list[np.ndarray], step_index: int) -> torch.Tensor:
         """One local step of the ``active`` clients on their index ``batches``; returns their batch losses."""
-        width = max(len(b) for b in batches)
+        width = self.width
         xs, ys = self._buffers(len(active), width)
         masks = torch.arange(width, device=self.device)[None, :] < torch.tensor(
             [[len(b)] for b in batches], device=self.device
@@ -287,7 +309,14 @@ class Chunk:
             participation = (
                 cfg.participation if self.participation is None else _client_view(_take(self.participation, rows), p)
             )
-            new = local_step(self.family, p, g, cfg.client_lr, cfg.momentum, extra, local_steps, participation)
+            lr = _client_view(_take(self.lr_t, rows), p)
+            if self.family in ("ghbm", "fedhbm"):  # beta / J as one number (J = 1 below)
+                momentum, local_steps = _client_view(_take(self.momentum_t, rows), p), 1
+            else:
+                momentum = 0.0 if self.family == "fedcm" else _client_view(_take(self.momentum_t, rows), p)
+            new = local_step(self.family, p, g, lr, momentum, extra, local_steps, participation)
+            if self.zero_lr:  # eta_l = 0 leaves the parameter as it is (local_step's plain-number rule)
+                new = torch.where(lr == 0, p, new)
             self._put(self.params, name, rows, new, finite)
 
     @staticmethod

@@ -6,8 +6,9 @@ clients; every convention documented there holds per client:
 - each client's batch order and augmentation come from its own ``(seed, round, partition)`` generator, drawn in
   the same order as the one-client loop (batch permutation, then crop offsets and flips of each batch);
 - clients with fewer examples take fewer steps and a smaller last batch: a client is active in a step only while
-  it has steps left, and a smaller batch is padded with copies of its own rows that a mask leaves out of the
-  loss (every model here treats examples independently: no BatchNorm);
+  it has steps left, and a smaller batch is padded (to B, or to the chunk's largest client when B is larger) with
+  copies of its own rows that a mask leaves out of the loss (every model here treats examples independently: no
+  BatchNorm);
 - FedCM's correction, GHBM's m, FedHBM's per-step C (a_i - theta), LocalUpdate's Theta-weighted q, weight decay,
   ``loss-before``, ``train-loss``, ``num-steps`` and ``nonfinite`` (a client stops at its first non-finite loss).
 

@@ -192,13 +192,13 @@ def run_group(cfgs: Sequence[dict[str, Any]], indices: Sequence[int] | None = No
     every = float(first.get("progress_every", 10))
     next_line = [started + every]
 
-    def on_round(rnd: int, clients: int) -> None:
+    def on_round(rnd: int, clients: int, chunks: int) -> None:
         now = time.monotonic()
         if now >= next_line[0] or rnd == rounds:
             next_line[0] = now + every
             eta = (now - started) / rnd * (rounds - rnd)
-            _say("[stacked] round %d/%d: %d clients of %d jobs, %.0f s, ETA %.0f s", rnd, rounds, clients,
-                 len(cfgs), now - started, eta)  # fmt: skip
+            _say("[stacked] round %d/%d: %d clients of %d jobs in %d chunks, %.0f s, ETA %.0f s", rnd, rounds,
+                 clients, len(cfgs), chunks, now - started, eta)  # fmt: skip
 
     trainer = GroupTrainer(device, chunk_size(first, device), on_round)
     startup = threading.Lock()

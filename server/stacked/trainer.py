@@ -3,8 +3,9 @@
 round (or left the group), then gives every job its replies.
 
 Clients of different jobs are stacked together when they share the round's settings (the fields of
-:data:`client.chunk.SHARED_FIELDS`: algorithm, learning rates, beta, batch size, ...): the jobs of a sweep over seeds
-train in the same chunks; jobs that differ in a learning rate train in chunks of their own within the same round.
+:data:`client.chunk.SHARED_FIELDS`: algorithm, batch size, local steps, ...): the jobs of a sweep over seeds, client
+learning rates or beta (:data:`client.chunk.PER_CLIENT_FIELDS`, per-client tensors of a chunk) train in the same
+chunks; jobs of different algorithms train in chunks of their own within the same round.
 Each client's computation is the one a lone ``engine=batched`` run makes (its own batches, augmentation and steps),
 so each job's results are that run's.
 """
@@ -44,14 +45,14 @@ class GroupTrainer:
     """Lockstep training of the jobs of one group (see the module docstring).
 
     ``chunk_size``: the most clients trained together (over all jobs); ``on_round``: called after each group round
-    with (round, clients trained), for progress lines.
+    with (round, clients trained, chunks trained), for progress lines.
     """
 
     def __init__(
         self,
         device: torch.device,
         chunk_size: int | None = None,
-        on_round: Callable[[int, int], None] | None = None,
+        on_round: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self.device, self.chunk_size, self.on_round = device, chunk_size, on_round
         self._cond = threading.Condition()
@@ -109,14 +110,16 @@ class GroupTrainer:
             groups: dict[tuple, list[StackedEntry]] = {}
             for entry in entries:
                 groups.setdefault(stack_key(entry), []).append(entry)
+            chunks = 0
             for chunk_entries in groups.values():
                 size = self.chunk_size or len(chunk_entries)
                 for start in range(0, len(chunk_entries), size):
                     train_stacked(chunk_entries[start : start + size], self.device)
-                    self.chunks += 1
+                    chunks += 1
             self.rounds += 1
+            self.chunks += chunks
             if self.on_round is not None and entries:
-                self.on_round(int(entries[0][2].train_cfg.server_round), len(entries))
+                self.on_round(int(entries[0][2].train_cfg.server_round), len(entries), chunks)
         except BaseException as err:  # noqa: BLE001 - handed to every waiting job
             self._error = err
         self._generation += 1

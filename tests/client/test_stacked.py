@@ -166,3 +166,87 @@ def test_closed_form_logreg_equals_vmap_and_the_loop(float64, algorithm, loss_be
         for key in ("loss-before", "train-loss"):
             assert c.metrics[key] == pytest.approx(e.metrics[key], rel=1e-12), key
         assert c.metrics["num-steps"] == e.metrics["num-steps"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("model_name", ["logreg", "cnn"])
+@pytest.mark.parametrize("algorithm", ["fedavgm", "fedcm", "localupdate", "ghbm", "fedhbm"])
+def test_clients_with_their_own_lr_and_beta_train_in_one_chunk(algorithm, model_name, dtype):
+    """eta_l and beta are per-client tensors of a chunk: in a chunk whose clients differ in them (the jobs of a
+    learning-rate or beta sweep) each client's result equals, bitwise, its result in the same chunk where every client
+    has its values; eta_l = 0 included (LocalUpdate's mini-batch SGD, gamma = 0). (The same chunk: the kernels may
+    round differently for another number of clients, e.g. a chunk of one.)"""
+    import dataclasses
+
+    def with_values(clients, lrs, betas):
+        return [
+            dataclasses.replace(c, cfg=dataclasses.replace(c.cfg, client_lr=lr, momentum=beta))
+            for c, lr, beta in zip(clients, lrs, betas)
+        ]
+
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(0)
+        model = build_model(model_name)
+        clients = stacked_clients(algorithm, model, np.random.default_rng(2), weight_decay=1e-3, augment=True)
+        lrs = (0.0, 0.1, 0.03) if algorithm in ("fedavgm", "localupdate") else (0.05, 0.1, 0.03)
+        betas = (0.9, 0.5, 0.99)
+        mixed = stacked_local_train(model, with_values(clients, lrs, betas), MEAN, STD, torch.device("cpu"))
+        uniform = [
+            stacked_local_train(model, with_values(clients, [lr] * 3, [beta] * 3), MEAN, STD, torch.device("cpu"))[i]
+            for i, (lr, beta) in enumerate(zip(lrs, betas))
+        ]
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for m, u in zip(mixed, uniform):
+        for k in u.arrays:
+            assert m.arrays[k].dtype == u.arrays[k].dtype == dtype and torch.equal(m.arrays[k], u.arrays[k]), k
+        assert {k: v for k, v in m.metrics.items() if k != "train-time"} == {
+            k: v for k, v in u.metrics.items() if k != "train-time"
+        }
+    if algorithm == "fedavgm":  # eta_l = 0: the model received (LocalUpdate replies q, not its model)
+        assert all(np.array_equal(mixed[0].arrays[k].numpy(), clients[0].initial[k]) for k in clients[0].initial)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("model_name", ["logreg", "cnn"])
+def test_a_job_s_clients_beside_another_job_s_train_as_alone(model_name, dtype):
+    """Clients of unequal sizes (20, 13, 7 examples: 3, 2, 1 steps) trained beside three clients of another job (3
+    steps each), as a stacked sweep trains them, against the same clients alone. Batches are padded to B whatever
+    the chunk, so a client's sums do not depend on its neighbours: float64 is bitwise; in float32 the client left
+    alone in its last step is, alone, a chunk of one, which the CPU kernels round differently (measured ~1e-7
+    relative), within the float32 bar of 1e-5."""
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(0)
+        model = build_model(model_name)
+        job = stacked_clients("fedavgm", model, np.random.default_rng(2), weight_decay=1e-3, augment=True)
+        other = stacked_clients("fedavgm", model, np.random.default_rng(3), weight_decay=1e-3, augment=True)[:1] * 3
+        alone = stacked_local_train(model, job, MEAN, STD, torch.device("cpu"))
+        beside = stacked_local_train(model, job + other, MEAN, STD, torch.device("cpu"))[: len(job)]
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for b, a in zip(beside, alone):
+        for k in a.arrays:
+            if dtype == torch.float64:
+                assert torch.equal(b.arrays[k], a.arrays[k]), k
+            else:
+                assert_close(b.arrays[k].numpy(), a.arrays[k].numpy(), 1e-5, k)
+        assert b.metrics["num-steps"] == a.metrics["num-steps"]
+
+
+def test_a_batch_size_beyond_every_client_is_full_batch_without_padding_to_b():
+    """B larger than every client (full-batch gradient descent): one step of all of a client's examples, the input
+    buffers as wide as the largest client (not B rows), the same models as B = the largest client's size."""
+    import dataclasses
+
+    torch.manual_seed(0)
+    model = build_model("logreg")
+    clients = stacked_clients("fedavgm", model, np.random.default_rng(5), augment=False)
+    results = {}
+    for b in (max(len(c.y) for c in clients), 10**12):
+        runs = [dataclasses.replace(c, cfg=dataclasses.replace(c.cfg, batch_size=b)) for c in clients]
+        results[b] = stacked_local_train(model, runs, MEAN, STD, torch.device("cpu"))
+    for a, b in zip(*results.values()):
+        assert a.metrics["num-steps"] == b.metrics["num-steps"] == 1
+        assert all(torch.equal(a.arrays[k], b.arrays[k]) for k in a.arrays)

@@ -46,6 +46,7 @@ def test_a_stacked_sweep_writes_lone_run_dirs_that_flower_report_reads(tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "4 jobs as one program" in proc.stdout + proc.stderr
+    assert "round 3/3: 12 clients of 4 jobs in 2 chunks" in proc.stdout + proc.stderr  # a chunk per algorithm
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(jobs) == 4
     for job in jobs:

@@ -5,6 +5,7 @@ pass between the stacked program and the batched engine both ways."""
 
 import copy
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -72,6 +73,38 @@ def test_each_stacked_job_equals_its_lone_batched_run(tmp_path, tiny_data, model
     for i, name in enumerate(names):
         lone = composed(tmp_path / "lone" / name, tiny_data, *CASES[name], *common, f"seed={i % 2}")
         simulate(lone)
+        assert_same_run(tmp_path / "stacked" / name, tmp_path / "lone" / name)
+
+
+GRID = {
+    **{
+        f"{name}_lr{lr}_b{beta}": [*CASES[name], f"strategy.client_lr={lr}", f"strategy.momentum={beta}"]
+        for name in ("fedcm", "ghbm")
+        for lr, beta in ((0.05, 0.5), (0.2, 0.9))
+    },
+    **{f"fedavgm_b{beta}": ["strategy=fedavgm", f"strategy.momentum={beta}"] for beta in (0.5, 0.9)},
+    **{f"localupdate_lr{lr}": [*CASES["localupdate"], f"strategy.client_lr={lr}"] for lr in (0.05, 0.0)},
+}
+
+
+def test_a_learning_rate_and_beta_grid_trains_in_a_chunk_per_algorithm_and_equals_lone_runs(tmp_path, tiny_data):
+    """Jobs that differ in eta_l and beta share their chunks (per-client tensors): 4 chunks a round for 4
+    algorithms, and each job still equals its lone run."""
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    common = ["model=logreg", "num_rounds=4", "eval_every=2"]
+    cfgs = [composed(tmp_path / "stacked" / name, tiny_data, *o, *common) for name, o in GRID.items()]
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        outcomes = run_jobs(copy.deepcopy(cfgs))
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    assert [o.status for o in outcomes] == ["finished"] * len(GRID), [o.message for o in outcomes]
+    assert any(line.startswith(f"[stacked] round 4/4: {3 * len(GRID)} clients of {len(GRID)} jobs in 4 chunks")
+               for line in lines), lines  # fmt: skip
+    for name, overrides in GRID.items():
+        simulate(composed(tmp_path / "lone" / name, tiny_data, *overrides, *common))
         assert_same_run(tmp_path / "stacked" / name, tmp_path / "lone" / name)
 
 
