@@ -34,7 +34,7 @@ print(round(t1 - t0, 3), round(t2 - t1, 3))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--source", default="/work/shared/data/cifar10-jpeg.tar.gz")
+    parser.add_argument("--source", required=True, help="CIFAR-10 ImageFolder tree or .tar.gz")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2, help="local epochs per measured client")
     parser.add_argument("--clients", type=int, default=3, help="clients (500 images each) per model")

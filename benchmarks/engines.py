@@ -199,7 +199,7 @@ def _plain_client(model: str, data: str, cache: str, pid: int, rnd: int, initial
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10-jpeg.tar.gz"))
+    parser.add_argument("--data", type=Path, required=True, help="CIFAR-10 ImageFolder tree or .tar.gz")
     parser.add_argument("--cache", type=Path, default=None)
     parser.add_argument("--models", nargs="+", default=["logreg", "cnn", "resnet20"])
     parser.add_argument("--rounds-logreg", type=int, default=200, help="rounds of the batched logreg run")

@@ -25,7 +25,7 @@ from client.train import LOSS_BEFORE_ALL, TrainConfig, local_train
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10-jpeg.tar.gz"))
+    parser.add_argument("--data", type=Path, required=True, help="CIFAR-10 ImageFolder tree or .tar.gz")
     parser.add_argument("--cache", type=Path, default=None, help="decoded-array cache (default: the client's)")
     parser.add_argument("--examples", type=int, default=25_000)
     parser.add_argument("--steps", type=int, default=2)

@@ -122,7 +122,7 @@ def simulation(data: Path, cache: Path, rounds: int, out: Path) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10-jpeg.tar.gz"))
+    parser.add_argument("--data", type=Path, required=True, help="CIFAR-10 ImageFolder tree or .tar.gz")
     parser.add_argument("--cache", type=Path, default=None, help="decoded-array cache (default: the client's)")
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()

@@ -3,13 +3,13 @@
 #   checks/gpu_all.sh OUT [DATA]            # from the project's root
 # OUT gets environment.txt, gpu_equality.{md,json,log} (checks/gpu_equality.py: the batched engine on CUDA
 # against the ClientApp on CPU) and gpu_check.{md,json,log} (checks/gpu_check.py: speed of the presets and of
-# the convex study's run). DATA: CIFAR-10 as .tar.gz or ImageFolder (default ../shared/data/cifar10-jpeg.tar.gz;
-# generated images when absent). PYTHON (default python3), EQUALITY_TIMEOUT (s, default 200), CHECK_BUDGET
-# (s, default 240) and CONCURRENT (e.g. "8 16": then benchmarks/gpu_concurrent.sh too, ~3 min more) from the
+# the convex study's run). DATA: CIFAR-10 as .tar.gz or ImageFolder (generated images when not given or
+# absent). PYTHON (default python3), EQUALITY_TIMEOUT (s, default 200), CHECK_BUDGET (s, default 240) and
+# CONCURRENT (e.g. "8 16": then benchmarks/gpu_concurrent.sh too, ~3 min more; it needs DATA) from the
 # environment. On a machine without Flower: checks/gpu_wheels.txt. Exit status: 0 when every check passed.
 set -uo pipefail
 out=${1:?usage: checks/gpu_all.sh OUT [DATA]}
-data=${2:-../shared/data/cifar10-jpeg.tar.gz}
+data=${2:-}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 work=$(mktemp -d)
@@ -24,7 +24,7 @@ timeout "${EQUALITY_TIMEOUT:-200}" "$py" -m checks.gpu_equality --out "$work/equ
 equality=$?
 cp "$work"/equality/gpu_equality.{md,json} "$out"/ 2>/dev/null
 echo "gpu_equality: exit $equality"
-"$py" -m checks.gpu_check --data "$data" --rounds 4 --convex-rounds 1000 --budget "${CHECK_BUDGET:-240}" \
+"$py" -m checks.gpu_check ${data:+--data "$data"} --rounds 4 --convex-rounds 1000 --budget "${CHECK_BUDGET:-240}" \
   --out "$out" > "$out/gpu_check.log" 2>&1
 check=$?
 echo "gpu_check: exit $check"

@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--data",
         type=Path,
-        default=Path("../shared/data/cifar10-jpeg.tar.gz"),
-        help="CIFAR-10 ImageFolder tree or .tar.gz (generated data when it does not exist)",
+        default=None,
+        help="CIFAR-10 ImageFolder tree or .tar.gz (default, or when it does not exist: generated data)",
     )
     parser.add_argument("--out", type=Path, default=Path("gpu_check"))
     parser.add_argument("--rounds", type=int, default=3)
@@ -191,8 +191,8 @@ def _environment(cpu_smoke: bool) -> dict[str, Any]:
     return env
 
 
-def _data(path: Path, tmp: Path, per_class: int) -> Path:
-    if path.exists():
+def _data(path: Path | None, tmp: Path, per_class: int) -> Path:
+    if path is not None and path.exists():
         return path.resolve()
     from tools.datagen import make_image_folder
 

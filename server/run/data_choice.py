@@ -1,6 +1,6 @@
 """Which CIFAR-10 ``make run`` uses, so that it works on a fresh machine too.
 
-    python -m server.run.data_choice --data "$(DATA)" --shared ../shared/data/cifar10-jpeg.tar.gz -- $(ARGS)
+    python -m server.run.data_choice --data "$(DATA)" --shared "$(SHARED_DATA)" -- $(ARGS)
 
 prints the Hydra overrides on stdout (one per line, for ``flower-simulation``) and says on stderr, as the
 first line of the run, which source it chose. In order:

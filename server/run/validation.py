@@ -310,6 +310,11 @@ def _validate_data(cfg: dict[str, Any], check_paths: bool) -> None:
     if name not in DATASETS:
         raise ConfigError(f"'data.name' must be one of {DATASETS}, got {name!r}")
     _check("data.alpha", parse_alpha, _require(cfg, "data.alpha"))
+    if _require(cfg, "data.root") is None:
+        raise ConfigError(
+            "'data.root' is required: a CIFAR-10 ImageFolder tree or .tar.gz of one (train/<class>/*, "
+            "test/<class>/*), or set $FEDMOMENTUM_DATA; data=cifar10 fetches CIFAR-10 through torchvision instead"
+        )
     root = os.path.abspath(os.path.expanduser(str(_require(cfg, "data.root"))))
     data["root"] = root
     if data.get("cache_dir"):

@@ -179,3 +179,15 @@ def test_a_checkpoint_from_before_the_client_schedule_resumes_and_a_changed_one_
     assert resume_mismatch(before, scheduled) == "strategy"
     assert resume_mismatch(before, {**now, "strategy": {**now["strategy"], "client_lr": 0.2}}) == "strategy"
     assert resume_mismatch(now, {**now, "seed": 1}) == "seed"
+
+
+def test_the_folder_dataset_needs_a_root(monkeypatch):
+    """data=cifar10_folder (the default) has no built-in location: without data.root or $FEDMOMENTUM_DATA the config
+    is refused with one line saying what to give."""
+    monkeypatch.delenv("FEDMOMENTUM_DATA", raising=False)
+    with pytest.raises(config_lib.ConfigError, match=r"'data.root' is required: .* or set \$FEDMOMENTUM_DATA"):
+        config_lib.validate(composed())
+    monkeypatch.setenv("FEDMOMENTUM_DATA", "/nonexistent/cifar10.tar.gz")
+    with pytest.raises(config_lib.ConfigError, match="'data.root'") as err:
+        config_lib.validate(composed())
+    assert "/nonexistent/cifar10.tar.gz" in str(err.value)
