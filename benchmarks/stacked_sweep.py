@@ -91,7 +91,8 @@ def measure(setting: str, out: Path, args: argparse.Namespace, data: str, cache:
             for cfg in cfgs:
                 simulate(copy.deepcopy(cfg))
         else:
-            outcomes = run_jobs(cfgs)
+            share = {"auto": None, "true": True, "false": False}[args.share_chunks]
+            outcomes = run_jobs(cfgs, share_chunks=share)
             assert all(o.status == "finished" for o in outcomes), [o.message for o in outcomes]
         seconds[mode] = time.perf_counter() - start
     job_rounds = args.jobs * rounds
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--tail", type=int, default=100, help="rounds evaluated every round at the end")
     parser.add_argument("--host-rounds", type=int, default=100)
+    parser.add_argument(
+        "--share-chunks", default="auto", choices=["auto", "true", "false"], help="hydra.launcher.share_chunks"
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.rounds < 1 or args.host_rounds < 1:
         parser.error("--jobs, --rounds and --host-rounds must be >= 1")

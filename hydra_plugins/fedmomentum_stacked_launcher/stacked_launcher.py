@@ -8,6 +8,7 @@ program, each with the run directory a lone run writes.
     flower-simulation -m hydra/launcher=stacked engine=batched model=logreg seed=0,1,2,3,4 strategy=fedavgm,fedcm
     flower-simulation -m hydra/launcher=stacked hydra.launcher.max_jobs=8 ...   # at most 8 jobs in one program
     flower-simulation -m hydra/launcher=stacked hydra.launcher.require_stacked=true ...  # exit 2 if any job can't
+    flower-simulation -m hydra/launcher=stacked hydra.launcher.share_chunks=true ...  # jobs share chunks on a CPU too
 """
 
 import logging
@@ -34,14 +35,23 @@ class StackedLauncherConf:
     _target_: str = "hydra_plugins.fedmomentum_stacked_launcher.stacked_launcher.StackedLauncher"
     require_stacked: bool = False  # exit 2 (before any job runs) when a job cannot join a group
     max_jobs: Optional[int] = None  # noqa: UP045 (OmegaConf reads it) the most jobs in one program; null: a group
+    # clients of different jobs in one chunk; null: on an accelerator, not on a CPU (a chunk per job)
+    share_chunks: Optional[bool] = None  # noqa: UP045
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="stacked", node=StackedLauncherConf, provider="fedmomentum")
 
 
 class StackedLauncher(Launcher):
-    def __init__(self, require_stacked: bool = False, max_jobs: int | None = None) -> None:
+    def __init__(
+        self, require_stacked: bool = False, max_jobs: int | None = None, share_chunks: bool | None = None
+    ) -> None:
         super().__init__()
+        if share_chunks is not None and not isinstance(share_chunks, bool):
+            print(f"flower-simulation: hydra.launcher.share_chunks must be true, false or null, got {share_chunks!r}",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(2)
+        self.share_chunks = share_chunks
         if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1):
             print(f"flower-simulation: hydra.launcher.max_jobs must be an integer >= 1, got {max_jobs!r}",
                   file=sys.stderr)  # fmt: skip
@@ -86,7 +96,7 @@ class StackedLauncher(Launcher):
         stopped = f"results so far are in {self.config.hydra.sweep.dir} (resume=true continues each job)"
         try:
             with exit_on_signals(stopped):
-                outcomes = run_jobs(cfgs, self.max_jobs, self.require_stacked)
+                outcomes = run_jobs(cfgs, self.max_jobs, self.require_stacked, self.share_chunks)
         except NotStackable as err:
             print(f"flower-simulation: {err} (hydra.launcher.require_stacked=true)", file=sys.stderr)
             raise SystemExit(2) from None

@@ -33,9 +33,10 @@ from server.run.stop import exit_on_signals
 cli_help.register()  # the resolvers of the --help template, before Hydra composes
 
 
-def simulate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Validate ``cfg`` (the one validation of a simulated run), then run it on its engine; returns the summary."""
-    run_cfg = RunConfig.from_dict(cfg)
+def simulate(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
+    """Validate ``cfg`` (the one validation of a simulated run; a RunConfig is validated already), then run it on its
+    engine; returns the summary."""
+    run_cfg = RunConfig.of(cfg)
     if run_cfg.engine == "batched":
         from server.batched.engine import simulate as run_engine
     else:
@@ -67,12 +68,12 @@ def record_outcome(run_dir: str, status: str, message: str = "") -> None:
         (FAILED_JOBS if status == "failed" else DIVERGED_JOBS).append(run_dir)
 
 
-def prepare_job(cfg: DictConfig) -> dict[str, Any] | None:
+def prepare_job(cfg: DictConfig) -> RunConfig | None:
     """A multirun job's validated config (the stacked launcher's task); None, with the reason in its run dir's
     status.json and one line on stderr, when it is invalid: the other jobs still run."""
     plain = prepare(cfg)
     try:
-        return config_lib.validate(plain)
+        return RunConfig.from_dict(plain)
     except config_lib.ConfigError as err:
         from server.run.app import write_status
 
@@ -145,11 +146,19 @@ def _check_launcher_options(args: list[str]) -> None:
         return
     from server.stacked import LAUNCHER_OPTIONS as OPTIONS
 
+    booleans = {"require_stacked": ("true", "false"), "share_chunks": ("true", "false", "null")}
     for arg in args:
-        key = arg.split("=", 1)[0].lstrip("+~")
-        if key.startswith("hydra.launcher.") and key.removeprefix("hydra.launcher.") not in OPTIONS:
+        key, _, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if not key.startswith("hydra.launcher."):
+            continue
+        option = key.removeprefix("hydra.launcher.")
+        if option not in OPTIONS:
             print(f"flower-simulation: the stacked launcher has no option {key!r} (options: {', '.join(OPTIONS)})",
                   file=sys.stderr)  # fmt: skip
+            raise SystemExit(2)
+        if option in booleans and value.lower() not in booleans[option]:
+            print(f"flower-simulation: {key} must be {' or '.join(booleans[option])}, got {value!r}", file=sys.stderr)
             raise SystemExit(2)
 
 

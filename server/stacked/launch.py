@@ -31,6 +31,7 @@ from server.batched.engine import STACKED_CPU_THREADS, chunk_size, device_of
 from server.run import config as config_lib
 from server.run import quiet
 from server.run.app import DivergenceError, run_experiment, write_status
+from server.run.config import RunConfig
 from server.run.data import prepare_data
 from server.run.evaluator import Evaluator
 from server.stacked.grid import JobGrid
@@ -143,20 +144,20 @@ def _say(message: str, *args: Any) -> None:
 
 class _Job(threading.Thread):
     def __init__(
-        self, index: int, cfg: dict[str, Any], grid: JobGrid, evaluators: _Evaluators, torch_threads: int
+        self, index: int, run_cfg: RunConfig, grid: JobGrid, evaluators: _Evaluators, torch_threads: int
     ) -> None:
         super().__init__(name=f"{JOB_THREAD}{index}", daemon=True)
-        self.index, self.cfg, self.grid, self.evaluators = index, cfg, grid, evaluators
+        self.index, self.run_cfg, self.grid, self.evaluators = index, run_cfg, grid, evaluators
         self.torch_threads = torch_threads
-        self.outcome = Outcome(cfg["run_dir"], "error", "did not start")
+        self.outcome = Outcome(run_cfg.values["run_dir"], "error", "did not start")
 
     def run(self) -> None:
-        run_dir = self.cfg["run_dir"]
+        run_dir = self.run_cfg.values["run_dir"]
         if self.torch_threads:  # per thread: each job thread would otherwise run an OpenMP team of every core
             torch.set_num_threads(self.torch_threads)
         try:
             self.grid.hold_startup()
-            summary = run_experiment(self.grid, self.cfg, run_dir, evaluator=self.evaluators, thread_log=True)
+            summary = run_experiment(self.grid, self.run_cfg, run_dir, evaluator=self.evaluators, thread_log=True)
             self.outcome = Outcome(run_dir, "finished", summary=summary)
         except DivergenceError as err:
             self.outcome = Outcome(run_dir, "diverged", str(err))
@@ -177,8 +178,12 @@ class _Job(threading.Thread):
             self.grid.close()
 
 
-def run_group(cfgs: Sequence[dict[str, Any]], indices: Sequence[int] | None = None) -> list[Outcome]:
-    """Run validated configs of one shape (:func:`shape_key`) as one program; one :class:`Outcome` per job."""
+def run_group(
+    runs: Sequence[RunConfig], indices: Sequence[int] | None = None, share_chunks: bool | None = None
+) -> list[Outcome]:
+    """Run validated configs of one shape (:func:`shape_key`) as one program; one :class:`Outcome` per job.
+    ``share_chunks``: clients of different jobs in one chunk (None: on an accelerator, not on a CPU)."""
+    cfgs = [r.values for r in runs]
     indices = list(indices if indices is not None else range(len(cfgs)))
     first = cfgs[0]
     quiet.install()
@@ -200,19 +205,19 @@ def run_group(cfgs: Sequence[dict[str, Any]], indices: Sequence[int] | None = No
             _say("[stacked] round %d/%d: %d clients of %d jobs in %d chunks, %.0f s, ETA %.0f s", rnd, rounds,
                  clients, len(cfgs), chunks, now - started, eta)  # fmt: skip
 
-    trainer = GroupTrainer(device, chunk_size(first, device), on_round)
+    share = device.type != "cpu" if share_chunks is None else bool(share_chunks)
+    trainer = GroupTrainer(device, chunk_size(first, device), on_round, share=share)
     startup = threading.Lock()
     evaluators = _Evaluators()
     grids = [JobGrid(int(c["num_clients"]), trainer, startup, vectorize=_vectorize(c), device=device) for c in cfgs]
     stacked = grids[0].stacks(build_model(first["model"]["name"]))
     threads = int(first["client"].get("torch_threads", 0)) or (STACKED_CPU_THREADS if stacked else 0)
     threads = threads if device.type == "cpu" else 0
-    jobs = [_Job(i, c, g, evaluators, threads) for i, c, g in zip(indices, cfgs, grids)]
+    jobs = [_Job(i, r, g, evaluators, threads) for i, r, g in zip(indices, runs, grids)]
     for g in grids:
         trainer.join(g)
-    _say(
-        "[stacked] %d jobs as one program on %s (%s)", len(jobs), device, "stacked clients" if stacked else "one by one"
-    )
+    how = ("stacked clients, " + ("jobs sharing chunks" if share else "a chunk per job")) if stacked else "one by one"
+    _say("[stacked] %d jobs as one program on %s (%s)", len(jobs), device, how)
     try:
         with _quiet_jobs():
             for job in jobs:
@@ -234,12 +239,13 @@ def _vectorize(cfg: Mapping[str, Any]) -> bool | None:
     return None if value == "auto" else bool(value)
 
 
-def run_lone(cfg: dict[str, Any]) -> Outcome:
+def run_lone(run_cfg: RunConfig) -> Outcome:
     """A job that fits no group: its own engine, as a lone run."""
     from server.run.cli import simulate
 
+    cfg = run_cfg.values
     try:
-        return Outcome(cfg["run_dir"], "finished", summary=simulate(cfg))
+        return Outcome(cfg["run_dir"], "finished", summary=simulate(run_cfg))
     except DivergenceError as err:
         return Outcome(cfg["run_dir"], "diverged", str(err))
     except NoNodesError as err:
@@ -247,10 +253,15 @@ def run_lone(cfg: dict[str, Any]) -> Outcome:
 
 
 def run_jobs(
-    cfgs: Sequence[dict[str, Any]], max_jobs: int | None = None, require_stacked: bool = False
+    jobs: Sequence[RunConfig | dict[str, Any]],
+    max_jobs: int | None = None,
+    require_stacked: bool = False,
+    share_chunks: bool | None = None,
 ) -> list[Outcome]:
     """Every job of a multirun: groups as one program each, the others alone. ``require_stacked``: a job that
     cannot be stacked is an error (:class:`NotStackable`, before anything runs)."""
+    runs = [RunConfig.of(j) for j in jobs]  # a plain dict is validated here, a RunConfig is not again
+    cfgs = [r.values for r in runs]
     groups, alone = plan(cfgs, max_jobs)
     if require_stacked and alone:
         i, why = next(iter(alone.items()))
@@ -260,11 +271,11 @@ def run_jobs(
         if len(group) == 1:
             log(INFO, "[stacked] job %d (%s) has no other job of its shape: it runs alone", group[0],
                 cfgs[group[0]]["run_dir"])  # fmt: skip
-            outcomes[group[0]] = run_lone(cfgs[group[0]])
+            outcomes[group[0]] = run_lone(runs[group[0]])
             continue
-        for i, outcome in zip(group, run_group([cfgs[i] for i in group], group)):
+        for i, outcome in zip(group, run_group([runs[i] for i in group], group, share_chunks)):
             outcomes[i] = outcome
     for i, why in alone.items():
         log(INFO, "[stacked] job %d (%s) runs alone: %s", i, cfgs[i]["run_dir"], why)
-        outcomes[i] = run_lone(cfgs[i])
+        outcomes[i] = run_lone(runs[i])
     return [outcomes[i] for i in range(len(cfgs))]

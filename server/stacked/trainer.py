@@ -2,10 +2,12 @@
 :class:`GroupTrainer`, which trains the clients of all jobs together once each job of the group has handed in its
 round (or left the group), then gives every job its replies.
 
-Clients of different jobs are stacked together when they share the round's settings (the fields of
-:data:`client.chunk.SHARED_FIELDS`: algorithm, batch size, local steps, ...): the jobs of a sweep over seeds, client
-learning rates or beta (:data:`client.chunk.PER_CLIENT_FIELDS`, per-client tensors of a chunk) train in the same
-chunks; jobs of different algorithms train in chunks of their own within the same round.
+With ``share`` (the default on an accelerator), clients of different jobs are stacked together when they share the
+round's settings (the fields of :data:`client.chunk.SHARED_FIELDS`: algorithm, batch size, local steps, ...): the
+jobs of a sweep over seeds, client learning rates or beta (:data:`client.chunk.PER_CLIENT_FIELDS`, per-client
+tensors of a chunk) train in the same chunks; jobs of different algorithms train in chunks of their own within the
+same round. Without it (the default on a CPU, where a chunk per job measured faster) each job's clients form the
+chunks of its lone run.
 Each client's computation is the one a lone ``engine=batched`` run makes (its own batches, augmentation and steps),
 so each job's results are that run's.
 """
@@ -45,7 +47,8 @@ class GroupTrainer:
     """Lockstep training of the jobs of one group (see the module docstring).
 
     ``chunk_size``: the most clients trained together (over all jobs); ``on_round``: called after each group round
-    with (round, clients trained, chunks trained), for progress lines.
+    with (round, clients trained, chunks trained), for progress lines; ``share``: clients of different jobs in one
+    chunk.
     """
 
     def __init__(
@@ -53,8 +56,9 @@ class GroupTrainer:
         device: torch.device,
         chunk_size: int | None = None,
         on_round: Callable[[int, int, int], None] | None = None,
+        share: bool = True,
     ) -> None:
-        self.device, self.chunk_size, self.on_round = device, chunk_size, on_round
+        self.device, self.chunk_size, self.on_round, self.share = device, chunk_size, on_round, share
         self._cond = threading.Condition()
         self._members: set[Any] = set()
         self._pending: dict[Any, tuple[BatchedGrid, list[Message]]] = {}
@@ -103,13 +107,11 @@ class GroupTrainer:
         pending, self._pending = self._pending, {}
         try:
             entries: list[StackedEntry] = []
-            for grid, messages in pending.values():
-                prepared = grid.prepare_stacked(messages)
-                if prepared:
-                    entries.extend(prepared)
             groups: dict[tuple, list[StackedEntry]] = {}
-            for entry in entries:
-                groups.setdefault(stack_key(entry), []).append(entry)
+            for job, (grid, messages) in enumerate(pending.values()):
+                for entry in grid.prepare_stacked(messages) or []:
+                    entries.append(entry)
+                    groups.setdefault((stack_key(entry), None if self.share else job), []).append(entry)
             chunks = 0
             for chunk_entries in groups.values():
                 size = self.chunk_size or len(chunk_entries)

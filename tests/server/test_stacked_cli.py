@@ -45,8 +45,8 @@ def test_a_stacked_sweep_writes_lone_run_dirs_that_flower_report_reads(tmp_path,
         "flower-simulation", sweep_args(tiny_data, sweep, "num_rounds=3", "strategy=fedavgm,fedcm", "seed=0,1")
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "4 jobs as one program" in proc.stdout + proc.stderr
-    assert "round 3/3: 12 clients of 4 jobs in 2 chunks" in proc.stdout + proc.stderr  # a chunk per algorithm
+    assert "4 jobs as one program on cpu (stacked clients, a chunk per job)" in proc.stdout + proc.stderr
+    assert "round 3/3: 12 clients of 4 jobs in 4 chunks" in proc.stdout + proc.stderr  # the CPU default
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(jobs) == 4
     for job in jobs:
@@ -78,6 +78,7 @@ def test_an_invalid_job_fails_alone_with_its_reason_and_the_sweep_exits_2(tmp_pa
         (["hydra.launcher.jobs=2"], "has no option 'hydra.launcher.jobs'"),
         (["hydra.launcher.require_stacked=true", "engine=ray,batched"], "cannot be stacked: engine=ray"),
         (["hydra.launcher.max_jobs=0"], "max_jobs must be an integer >= 1"),
+        (["hydra.launcher.share_chunks=sometimes"], "share_chunks"),
     ],
 )
 def test_bad_launcher_input_exits_2_with_one_line_before_any_job_runs(tmp_path, tiny_data, extra, expected):

@@ -1,7 +1,8 @@
 """The stacked launcher's program (server/stacked): every job of a group equals the same job run alone on
 ``engine=batched`` — final model bitwise, every metrics column but the timings — for every registered strategy and
 a FedOpt server optimizer, under cyclic and uniform participation; a diverging job leaves the group; checkpoints
-pass between the stacked program and the batched engine both ways."""
+pass between the stacked program and the batched engine both ways. The jobs share chunks (``share_chunks=True``,
+the accelerator default): the harder case, where a job's clients train beside other jobs' clients."""
 
 import copy
 import json
@@ -68,7 +69,7 @@ def test_each_stacked_job_equals_its_lone_batched_run(tmp_path, tiny_data, model
     ]
     groups, alone = plan(cfgs)
     assert groups == [list(range(len(names)))] and not alone  # strategies and seeds differ: one group
-    outcomes = run_jobs(copy.deepcopy(cfgs))
+    outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=True)
     assert [o.status for o in outcomes] == ["finished"] * len(names), [o.message for o in outcomes]
     for i, name in enumerate(names):
         lone = composed(tmp_path / "lone" / name, tiny_data, *CASES[name], *common, f"seed={i % 2}")
@@ -97,7 +98,7 @@ def test_a_learning_rate_and_beta_grid_trains_in_a_chunk_per_algorithm_and_equal
     cfgs = [composed(tmp_path / "stacked" / name, tiny_data, *o, *common) for name, o in GRID.items()]
     logging.getLogger("flwr").addHandler(handler)
     try:
-        outcomes = run_jobs(copy.deepcopy(cfgs))
+        outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=True)
     finally:
         logging.getLogger("flwr").removeHandler(handler)
     assert [o.status for o in outcomes] == ["finished"] * len(GRID), [o.message for o in outcomes]
@@ -114,7 +115,7 @@ def test_a_diverging_job_leaves_the_group_and_the_others_go_on(tmp_path, tiny_da
         composed(tmp_path / "ok", tiny_data, *common),
         composed(tmp_path / "bad", tiny_data, *common, "strategy.server_lr=1e300"),
     ]
-    outcomes = run_jobs(copy.deepcopy(cfgs))
+    outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=True)
     assert [o.status for o in outcomes] == ["finished", "diverged"]
     assert json.loads((tmp_path / "bad" / "status.json").read_text())["status"] == "diverged"
     simulate(composed(tmp_path / "lone", tiny_data, *common))
@@ -146,7 +147,7 @@ def test_a_checkpoint_passes_between_the_stacked_program_and_the_batched_engine(
     assert plan(group)[0] == [[0, 1]]
     if first == "batched":
         simulate(half)
-    assert [o.status for o in run_jobs(group)] == ["finished"] * 2
+    assert [o.status for o in run_jobs(group, share_chunks=True)] == ["finished"] * 2
     if first == "stacked":
         simulate(rest)
     simulate(composed(tmp_path / "whole", tiny_data, *common, "num_rounds=8"))
