@@ -37,6 +37,7 @@ class ServerOptStrategy(FedAvg):
     """
 
     algorithm = ""
+    server_lr_may_be_zero = True  # False: eta = 0 is refused (FedCM divides its correction by eta)
     reply_is_update = False  # True: the reply's arrays are the client's update itself (LocalUpdate's q)
     required_metrics: tuple[str, ...] = ()
 
@@ -56,7 +57,7 @@ class ServerOptStrategy(FedAvg):
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
-        fm.check_lr(server_lr, "server_lr", allow_zero=self.algorithm != "fedcm")
+        fm.check_lr(server_lr, "server_lr", allow_zero=self.server_lr_may_be_zero)
         if client_lr is not None:
             fm.check_lr(client_lr, "client_lr")
         self.check_momentum(momentum)

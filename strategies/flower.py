@@ -87,6 +87,7 @@ class FedCM(ServerOptStrategy):
     """
 
     algorithm = "fedcm"
+    server_lr_may_be_zero = False
 
     def __init__(self, *, client_lr: float, **kwargs: Any) -> None:
         super().__init__(client_lr=client_lr, **kwargs)

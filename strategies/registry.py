@@ -68,11 +68,15 @@ class Strategy:
     group_keys: tuple[str, ...] = ()
     group_check: Callable[..., Any] | None = None
     server_optimizer: bool = False  # takes strategy.server_optimizer (FedOpt: Adam / Adagrad / Yogi)
-    server_lr_may_be_zero: bool = True
     required: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "required", tuple(k for k, _ in self.checks) + self.group_keys)
+
+    @property
+    def server_lr_may_be_zero(self) -> bool:
+        """Whether eta = 0 is allowed (the class says: FedCM divides its correction by eta)."""
+        return self.cls.server_lr_may_be_zero
 
     @property
     def family(self) -> str:
@@ -87,14 +91,7 @@ STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
         Strategy("fedavgm", FedAvgM, "fedavgm", _momentum, (("momentum", fm.check_momentum),), server_optimizer=True),
-        Strategy(
-            "fedcm",
-            FedCM,
-            "fedcm",
-            _momentum,
-            (("momentum", fm.check_momentum),),
-            server_lr_may_be_zero=False,
-        ),
+        Strategy("fedcm", FedCM, "fedcm", _momentum, (("momentum", fm.check_momentum),)),
         Strategy(
             "localupdate", LocalUpdate, "localupdate", _theta_and_steps, (("theta", _theta),), server_optimizer=True
         ),
