@@ -3,8 +3,5 @@ process, each through the ServerApp round loop of a lone ``engine=batched`` run,
 of them are trained together (:mod:`server.stacked.trainer`). Each job writes the run directory a lone run writes.
 """
 
-LAUNCHER_OPTIONS = (
-    "require_stacked",
-    "max_jobs",
-    "share_chunks",
-)  # the options of hydra/launcher=stacked (hydra.launcher.<option>)
+# the options of hydra/launcher=stacked (hydra.launcher.<option>)
+LAUNCHER_OPTIONS = ("require_stacked", "max_jobs", "share_chunks")
