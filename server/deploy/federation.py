@@ -492,6 +492,7 @@ class Federation:
         overrides = " ".join(f'{k}="{v}"' for k, v in run_config.items())  # values must not contain quotes
         cmd = [procs.executable("flwr"), "run", str(self.app_dir), CONNECTION, "--stream", "-c", overrides]
         proc = procs.ManagedProcess("flwr-run", cmd, self.log_dir / "flwr-run.log", self.env, self.workdir)
+        proc.log_path.parent.mkdir(parents=True, exist_ok=True)  # nothing spawned here may have made it
         self.cli.append(proc)
         t0 = time.monotonic()
         proc.popen = subprocess.Popen(
