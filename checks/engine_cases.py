@@ -1,6 +1,6 @@
 """Small cases shared by the engine-equality tests and checks/gpu_equality.py (which runs them on a GPU).
 
-``STRATEGIES``: the Hydra overrides of each strategy in tests/server/test_batched_engine.py's experiment.
+``STRATEGIES``: the Hydra overrides of each strategy in the engines' experiment, :func:`experiment_overrides`.
 :func:`stacked_clients` / :func:`train_one_by_one`: three unequal clients (20, 13 and 7 random images: 3, 2 and 1
 steps of B = 8, smaller last batches) for one algorithm, and the one-client loop (client/train.py) over them, the
 reference of the stacked path (tests/client/test_stacked.py).
@@ -24,6 +24,26 @@ STRATEGIES = {
 }
 MEAN, STD = (0.5, 0.4, 0.45), (0.25, 0.2, 0.22)
 SIZES = (20, 13, 7)
+NUM_CLIENTS = 4
+
+
+def experiment_overrides(run_dir: Any, data_root: Any, cache_dir: Any) -> list[str]:
+    """The engines' small complete experiment: 4 unequal clients (alpha = 1), C = 0.5 cyclic, 3 rounds, 1 epoch of
+    B = 8, one torch thread, 20 evaluation examples, no PNGs (the CNN and no weight decay unless added)."""
+    return [
+        f"run_dir={run_dir}",
+        f"data.root={data_root}",
+        f"data.cache_dir={cache_dir}",
+        f"num_clients={NUM_CLIENTS}",
+        "num_rounds=3",
+        "participation.fraction=0.5",
+        "client.batch_size=8",
+        "client.torch_threads=1",
+        "eval_max_examples=20",
+        "data.alpha=1.0",
+        "round_timeout=120",
+        "plots=false",
+    ]
 
 
 def stacked_clients(algorithm: str, model: Any, rng: np.random.Generator, **cfg: Any) -> list[Any]:

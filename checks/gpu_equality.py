@@ -51,10 +51,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from checks.engine_cases import MEAN, STD, STRATEGIES, stacked_clients, train_one_by_one
+from checks.engine_cases import (
+    MEAN,
+    NUM_CLIENTS,
+    STD,
+    STRATEGIES,
+    experiment_overrides,
+    stacked_clients,
+    train_one_by_one,
+)
 
 MODELS = ("cnn", "logreg")
-NUM_CLIENTS = 4
 METRICS = ("train_loss", "loss_before", "update_norm", "loss")
 FP32_TOL = 1e-4  # logreg, float32, 3 rounds (measured: cpu_stacked within 1.3e-6 of cpu, CUDA within 1.1e-5)
 F64_TOL = 1e-10  # part A: float64 (CPU stacked vs loop: within 1e-12, tests/client/test_stacked.py)
@@ -226,19 +233,8 @@ def _run_variant(name: str, root: Path, strategies: list[str]) -> None:
                 cfg = compose(
                     config_name="config",
                     overrides=[
-                        f"run_dir={run_dir}",
-                        f"data.root={data / 'tiny.tar.gz'}",
-                        f"data.cache_dir={data / 'cache'}",
-                        f"num_clients={NUM_CLIENTS}",
-                        "num_rounds=3",
-                        "participation.fraction=0.5",
-                        "client.batch_size=8",
-                        "client.torch_threads=1",
+                        *experiment_overrides(run_dir, data / "tiny.tar.gz", data / "cache"),
                         "client.weight_decay=0.001",
-                        "eval_max_examples=20",
-                        "data.alpha=1.0",
-                        "round_timeout=120",
-                        "plots=false",
                         f"model={model}",
                         *STRATEGIES[strategy],
                     ],

@@ -17,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 from hydra import compose, initialize_config_dir
 
-from checks.engine_cases import STRATEGIES
+from checks.engine_cases import NUM_CLIENTS, STRATEGIES, experiment_overrides
 from client.app import app as client_app
 from server.batched.grid import BatchedGrid
 from server.ray.engine import backend_config
@@ -28,7 +28,6 @@ from server.run.config import CONF_DIR
 
 STACKED_TOL = 1e-5
 MODELS = ("cnn", "logreg")
-NUM_CLIENTS = 4
 
 
 def make_cfg(data, run_dir, *overrides):
@@ -37,19 +36,8 @@ def make_cfg(data, run_dir, *overrides):
         cfg = compose(
             config_name="config",
             overrides=[
-                f"run_dir={run_dir}",
-                f"data.root={data['tarball']}",
-                f"data.cache_dir={data['cache']}",
-                f"num_clients={NUM_CLIENTS}",
-                "num_rounds=3",
-                "participation.fraction=0.5",
-                "client.batch_size=8",
-                "client.torch_threads=1",
+                *experiment_overrides(run_dir, data["tarball"], data["cache"]),
                 "client.weight_decay=0.001",
-                "eval_max_examples=20",
-                "data.alpha=1.0",
-                "round_timeout=120",
-                "plots=false",
                 *overrides,
             ],
         )

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
+from checks.engine_cases import NUM_CLIENTS, experiment_overrides
 from server.batched.grid import BatchedGrid
 from server.run import config as config_lib
 from server.run.app import DivergenceError, Run, run_experiment
 from server.run.config import CONF_DIR, RunConfig
 
-NUM_CLIENTS = 4
 TIMING = ("seconds", "elapsed")
 
 
@@ -24,19 +24,8 @@ def make_cfg(data, run_dir, *overrides) -> dict:
         cfg = compose(
             config_name="config",
             overrides=[
-                f"run_dir={run_dir}",
-                f"data.root={data['tarball']}",
-                f"data.cache_dir={data['cache']}",
-                f"num_clients={NUM_CLIENTS}",
-                "num_rounds=3",
-                "participation.fraction=0.5",
-                "client.batch_size=8",
-                "client.torch_threads=1",
+                *experiment_overrides(run_dir, data["tarball"], data["cache"]),
                 "model=logreg",
-                "eval_max_examples=20",
-                "data.alpha=1.0",
-                "round_timeout=120",
-                "plots=false",
                 "checkpoint_every=2",
                 *overrides,
             ],
