@@ -27,7 +27,7 @@ from client.examples import Examples, ImageExamples
 from client.models import build_model
 from client.partition import dirichlet_partition
 from client.train import TrainConfig, TrainResult, as_named, evaluate_examples, get_device, load_arrays, train_examples
-from strategies import client_state
+from strategies import client_state, npy
 from strategies import protocol as P
 from strategies.client_step import algorithm as registered_algorithm
 from strategies.client_step import extra_name
@@ -91,7 +91,7 @@ def get_model(name: str, num_classes: int) -> torch.nn.Module:
 
 def _to_named_arrays(arrays: Arrays) -> Mapping[str, Any] | list[Any]:
     if isinstance(arrays, ArrayRecord):
-        return {k: v.numpy() for k, v in arrays.items()}
+        return npy.record_arrays(arrays)
     return arrays
 
 
@@ -230,10 +230,13 @@ def train_reply(
     The node remembers the message's data keys (``context.state``), so evaluate messages without them still work.
     """
     config = msg.content[P.CONFIG]
-    context.state[STATE_KEY] = ConfigRecord({k: config[k] for k in C.DATA_KEYS if k in config})
+    data = {k: config[k] for k in C.DATA_KEYS if k in config}
+    current = context.state.get(STATE_KEY)
+    if not isinstance(current, ConfigRecord) or dict(current) != data:  # each record built is validated again
+        context.state[STATE_KEY] = ConfigRecord(data)
     reply = RecordDict(
         {
-            P.ARRAYS: ArrayRecord({k: torch.from_numpy(v) for k, v in arrays.items()}),
+            P.ARRAYS: npy.to_record(list(arrays), list(arrays.values())),
             P.METRICS: MetricRecord(dict(metrics)),
         }
     )

@@ -9,24 +9,20 @@ train reply passes :func:`strategies.validation.check_reply` before any aggregat
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from server.internals.flower_strategy import sample_nodes
 from strategies import math as fm
-from strategies import protocol, schedules, validation
+from strategies import npy, protocol, schedules, validation
 from strategies.client_manager import PartitionClientManager
-
-
-def to_record(keys: Sequence[str], arrays: Sequence[np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.asarray(a)) for k, a in zip(keys, arrays, strict=True)})
 
 
 class ServerOptStrategy(FedAvg):
@@ -129,12 +125,12 @@ class ServerOptStrategy(FedAvg):
 
     def model_record(self) -> ArrayRecord:
         """The current global model as an ArrayRecord."""
-        return to_record(self.keys, self.model)
+        return npy.to_record(self.keys, self.model)
 
     def _ensure_model(self, arrays: ArrayRecord) -> None:
         if self.model is None:
             self.keys = list(arrays.keys())
-            self.model = arrays.to_numpy_ndarrays()
+            self.model = list(npy.record_arrays(arrays).values())
             self.prev_model = self.model  # theta^{-1} = theta^0
 
     # ----------------------------------------------------------------------- train

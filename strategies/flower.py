@@ -20,8 +20,9 @@ from flwr.common.logger import log
 
 from strategies import math as fm
 from strategies import protocol, schedules
-from strategies.base import ServerOptStrategy, to_record
+from strategies.base import ServerOptStrategy
 from strategies.fedopt import AdaptiveServerStrategy
+from strategies.npy import to_record
 
 
 class FedAvgM(AdaptiveServerStrategy):

@@ -26,8 +26,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from strategies import math as fm
 from strategies import protocol
-from strategies.base import ServerOptStrategy, to_record
+from strategies.base import ServerOptStrategy
 from strategies.client_state import new_id
+from strategies.npy import to_record
 from strategies.participation import CyclicSchedule
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import RecordDict
 
-from strategies import protocol
+from strategies import npy, protocol
 from strategies.math import Params, l2_norm
 
 
@@ -103,7 +103,7 @@ def _check_arrays(content: RecordDict, spec: ReplySpec) -> list[np.ndarray]:
         if str(array.dtype) != str(dtype):
             raise RejectedReply(f"array {key!r} has dtype {array.dtype}, expected {dtype}")
         try:
-            value = array.numpy()
+            value = npy.to_numpy(array)
         except Exception as err:  # corrupt bytes: whatever numpy raises, the reply is unusable
             raise RejectedReply(f"array {key!r} cannot be decoded ({type(err).__name__})") from None
         if value.shape != shape or value.dtype != dtype:

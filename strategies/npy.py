@@ -1,0 +1,73 @@
+"""numpy arrays <-> Flower ``Array`` without ``np.save`` / ``np.load`` per array.
+
+A Flower ``Array`` of stype ``numpy.ndarray`` holds an ``.npy`` file: a header naming dtype, order and shape, then
+the raw bytes. ``np.save`` and ``np.load`` build and parse that header for every array (``np.load`` evaluates it as
+Python literal), which was a fifth of an in-process round's host work. Here the header of each (dtype, shape) is
+built once; :func:`to_array` writes exactly the bytes ``Array(ndarray)`` writes, and :func:`to_numpy` reads an
+array whose header is the one ``np.save`` writes for its declared dtype and shape, with its data of exactly that
+size. Anything else (another order or header version, a declared dtype or shape the bytes do not match, corrupt
+bytes) goes through ``Array.numpy()``, so what it accepts and raises is unchanged.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+NUMPY_STYPE = "numpy.ndarray"
+PLAIN_KINDS = "biufc"  # bool, integers, floats, complex: dtypes np.save writes without pickling
+
+
+@lru_cache(maxsize=1024)
+def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for a C-ordered array (format 1.0; ValueError past its size)."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    )
+    return buffer.getvalue()
+
+
+def _plain(dtype: np.dtype) -> bool:
+    return dtype.kind in PLAIN_KINDS and dtype.fields is None and not dtype.hasobject
+
+
+def to_array(value: Any) -> Array:
+    """``Array(np.asarray(value))``, the same bytes, with the header of its (dtype, shape) built once."""
+    a = np.asarray(value)
+    if not (_plain(a.dtype) and a.flags.c_contiguous):
+        return Array(a)
+    data = _header(a.dtype, a.shape) + a.tobytes()
+    return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype=NUMPY_STYPE, data=data)
+
+
+def to_numpy(array: Array) -> np.ndarray:
+    """``array.numpy()``: the decoded array, writable and owning its memory."""
+    try:
+        dtype, shape = np.dtype(array.dtype), tuple(int(d) for d in array.shape)
+        header = _header(dtype, shape) if array.stype == NUMPY_STYPE and _plain(dtype) else None
+    except (TypeError, ValueError):
+        header = None
+    data = array.data
+    if header is None or not data.startswith(header) or min(shape, default=0) < 0:
+        return array.numpy()
+    size = math.prod(shape)
+    if len(data) != len(header) + size * dtype.itemsize:
+        return array.numpy()
+    return np.frombuffer(data, dtype=dtype, count=size, offset=len(header)).reshape(shape).copy()
+
+
+def to_record(keys: Sequence[str], arrays: Sequence[Any]) -> ArrayRecord:
+    """An ArrayRecord of named arrays (in ``keys`` order)."""
+    return ArrayRecord({k: to_array(a) for k, a in zip(keys, arrays, strict=True)})
+
+
+def record_arrays(record: ArrayRecord | Mapping[str, Array]) -> dict[str, np.ndarray]:
+    """{name: decoded array} of an ArrayRecord."""
+    return {k: to_numpy(v) for k, v in record.items()}
