@@ -129,7 +129,9 @@ class PopulationObjective:
 
     def value(self, w: np.ndarray) -> float:
         """f(w) (the population loss of paper 2 Eq. 2 plus (μ/2)‖w‖²)."""
-        _, logp = self._logits(w)
+        return self._value(self._logits(w)[1], w)
+
+    def _value(self, logp: torch.Tensor, w: np.ndarray) -> float:
         loss = -torch.dot(self.c, logp.gather(1, self.y[:, None]).squeeze(1))
         return float(loss) + 0.5 * self.mu * float(np.dot(w, w))
 
@@ -157,5 +159,31 @@ class PopulationObjective:
 
     def accuracy(self, w: np.ndarray) -> float:
         """Σ_j c_j [argmax_k Z_jk = y_j] (the population accuracy, weighted like f)."""
-        z, _ = self._logits(w)
+        return self._accuracy(self._logits(w)[0])
+
+    def _accuracy(self, z: torch.Tensor) -> float:
         return float(torch.dot(self.c, (z.argmax(1) == self.y).to(torch.float64)))
+
+
+MANY = 32  # models evaluated per product in population_values
+
+
+def population_values(objs: Sequence[PopulationObjective], ws: Sequence[np.ndarray]) -> list[tuple[float, float]]:
+    """(f(w), accuracy(w)) of each (objective, w) pair, the objectives sharing one feature tensor X: the logits of
+    up to :data:`MANY` models come from one product X [W_1; …; W_J]ᵀ, so the data is read once for all of them.
+    Equal to :meth:`PopulationObjective.value` and :meth:`~PopulationObjective.accuracy` up to the summation order
+    of the wider product (float64 rounding, ~1e-12 on the logits)."""
+    if not objs:
+        return []
+    x = objs[0].x
+    if any(o.x is not x or o.num_classes != objs[0].num_classes for o in objs) or len(objs) != len(ws):
+        raise ValueError("population_values needs one w per objective and objectives sharing their features")
+    out: list[tuple[float, float]] = []
+    for s in range(0, len(objs), MANY):
+        group = list(zip(objs[s : s + MANY], ws[s : s + MANY]))
+        parts = [o.split(w) for o, w in group]
+        z = torch.addmm(torch.cat([b for _, b in parts]), x, torch.cat([wt for wt, _ in parts]).T)
+        for j, (o, w) in enumerate(group):
+            zj = z[:, j * o.num_classes : (j + 1) * o.num_classes]
+            out.append((o._value(torch.log_softmax(zj, dim=1), w), o._accuracy(zj)))
+    return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,8 @@ from client.examples import ImageExamples
 from client.models import build_model
 from client.train import evaluate_examples, get_device, load_arrays
 from server.run.partitions import client_partitions
+
+Model = ArrayRecord | Mapping[str, np.ndarray]  # a model's arrays: an ArrayRecord or numpy values by name
 
 
 def evaluation_examples(cfg: Mapping[str, Any], ds: Dataset | NaturalData) -> tuple[Any, list[Any]]:
@@ -30,6 +32,33 @@ def evaluation_examples(cfg: Mapping[str, Any], ds: Dataset | NaturalData) -> tu
     return test, [ImageExamples(ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, False) for idx in parts]
 
 
+MEMO_BYTES = 512 << 20  # the most memory the test set's prepared batches may take (beyond it they are prepared again)
+
+
+class PreparedBatches:
+    """``examples`` whose un-augmented batches are prepared once and kept (the test set: the same batches at every
+    evaluation, each the tensors :meth:`batch` made the first time), up to :data:`MEMO_BYTES`."""
+
+    def __init__(self, examples: Any) -> None:
+        self.examples, self.kept, self.bytes = examples, {}, 0
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getattr__(self, name: str) -> Any:  # loss, correct, ...: the examples' own
+        return getattr(self.examples, name)
+
+    def batch(self, idx: np.ndarray, device: torch.device, generator: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (np.asarray(idx).tobytes(), str(device))
+        if generator is None and key in self.kept:
+            return self.kept[key]
+        inputs, targets = self.examples.batch(idx, device, generator)
+        size = inputs.numel() * inputs.element_size() + targets.numel() * targets.element_size()
+        if generator is None and self.bytes + size <= MEMO_BYTES:
+            self.kept[key], self.bytes = (inputs, targets), self.bytes + size
+        return inputs, targets
+
+
 class Evaluator:
     """Server-side evaluation of a global model: the test set, and with ``eval_train`` the clients' population.
 
@@ -43,7 +72,8 @@ class Evaluator:
         self.ds = ds
         self.model = build_model(cfg["model"]["name"], ds.num_classes).to(get_device())
         self.max_examples = int(cfg.get("eval_max_examples", 0))
-        self.test, clients = evaluation_examples(cfg, ds)
+        test, clients = evaluation_examples(cfg, ds)
+        self.test = PreparedBatches(test)
         self.partitions = clients if cfg.get("eval_train") else None
         train_max = int(cfg.get("eval_train_max_examples", 0))
         self.per_client_max = max(1, -(-train_max // int(cfg["num_clients"]))) if train_max > 0 else 0
@@ -81,6 +111,29 @@ class Evaluator:
         if self.gap is not None:
             row["pop_gap"] = self.gap(values)
         return row
+
+
+def metrics_of_many(pairs: Sequence[tuple[Evaluator, Model]]) -> list[dict[str, float]]:
+    """:meth:`Evaluator.metrics` of each (evaluator, model) pair. The population columns of the pairs whose
+    ``pop_gap`` objectives share their data (the runs of a stacked sweep) come from one pass over it for all of
+    their models (:func:`server.convex.optimum.with_populations`): equal to one evaluation at a time up to the
+    float64 summation order of the wider product; every other column is the single evaluation's own."""
+    models = [_numpy(arrays) for _, arrays in pairs]
+    rows: list[dict[str, float] | None] = [None] * len(pairs)
+    shared: dict[int, list[int]] = {}  # id of the shared features -> pairs
+    for i, (evaluator, _) in enumerate(pairs):
+        if evaluator.gap is not None and not evaluator.per_client_max:
+            shared.setdefault(id(evaluator.gap.obj.x), []).append(i)
+        else:
+            rows[i] = evaluator.metrics(models[i])
+    if shared:
+        from server.convex.optimum import with_populations
+
+        for group in shared.values():
+            populations = with_populations([pairs[i][0].gap for i in group], [models[i] for i in group])
+            for i, population in zip(group, populations):
+                rows[i] = {**dict(zip(("loss", "accuracy"), pairs[i][0](models[i]))), **population}
+    return rows  # type: ignore[return-value]
 
 
 def _numpy(arrays: ArrayRecord | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -24,6 +24,11 @@ class JobGrid(BatchedGrid):
         self.trainer, self._startup = trainer, startup
         self._holds_startup = False
 
+    @property
+    def holds_startup(self) -> bool:
+        """Whether the job is still starting (it holds the group's start-up lock until its first training round)."""
+        return self._holds_startup
+
     def hold_startup(self) -> None:
         self._startup.acquire()
         self._holds_startup = True

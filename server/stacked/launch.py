@@ -3,8 +3,9 @@
 
 A group's jobs run side by side, each in its own thread through :func:`server.run.app.run_experiment` on a
 :class:`~server.stacked.grid.JobGrid`; their rounds advance together and the clients of all jobs train in one pass
-(:mod:`server.stacked.trainer`). Jobs that evaluate the same data share one evaluator. A job that diverges or fails
-leaves the group and the others go on; every job writes its own run directory as a lone run does.
+(:mod:`server.stacked.trainer`). Jobs that evaluate the same data share one evaluator, and the evaluations of a round
+are done together at the same barrier. A job that diverges or fails leaves the group and the others go on; every job
+writes its own run directory as a lone run does.
 """
 
 from __future__ import annotations
@@ -95,28 +96,35 @@ def plan(cfgs: Sequence[Mapping[str, Any]], max_jobs: int | None = None) -> tupl
 
 
 class SharedEvaluator:
-    """One :class:`server.run.evaluator.Evaluator` for the jobs that evaluate the same data, one job at a time."""
+    """One :class:`server.run.evaluator.Evaluator` for the jobs that evaluate the same data. A job past its start
+    evaluates at the group's barrier (:meth:`GroupTrainer.evaluate`: the evaluations handed in before every job
+    waits are done in one pass where they share data); a job still starting (round 0) evaluates on its own."""
 
-    def __init__(self, evaluator: Evaluator) -> None:
-        self.evaluator, self.lock = evaluator, threading.Lock()
+    def __init__(self, evaluator: Evaluator, trainer: GroupTrainer) -> None:
+        self.evaluator, self.trainer, self.lock = evaluator, trainer, threading.Lock()
 
     def metrics(self, arrays: Any) -> dict[str, float]:
-        with self.lock:
-            return self.evaluator.metrics(arrays)
+        job = threading.current_thread()
+        grid = job.grid if isinstance(job, _Job) else None
+        if grid is None or grid.holds_startup:
+            with self.lock:
+                return self.evaluator.metrics(arrays)
+        return self.trainer.evaluate(grid, self.evaluator, arrays, self.lock)
 
 
 class _Evaluators:
     """Evaluators keyed by what evaluation reads (:data:`EVAL_KEYS`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, trainer: GroupTrainer) -> None:
         self.made: dict[str, SharedEvaluator] = {}
         self.lock = threading.Lock()
+        self.trainer = trainer
 
     def __call__(self, cfg: dict[str, Any], dataset: Any) -> SharedEvaluator:
         key = json.dumps({k: cfg.get(k) for k in EVAL_KEYS}, sort_keys=True)
         with self.lock:
             if key not in self.made:
-                self.made[key] = SharedEvaluator(Evaluator(cfg, dataset))
+                self.made[key] = SharedEvaluator(Evaluator(cfg, dataset), self.trainer)
             return self.made[key]
 
 
@@ -208,7 +216,7 @@ def run_group(
     share = device.type != "cpu" if share_chunks is None else bool(share_chunks)
     trainer = GroupTrainer(device, chunk_size(first, device), on_round, share=share)
     startup = threading.Lock()
-    evaluators = _Evaluators()
+    evaluators = _Evaluators(trainer)
     grids = [JobGrid(int(c["num_clients"]), trainer, startup, vectorize=_vectorize(c), device=device) for c in cfgs]
     stacked = grids[0].stacks(build_model(first["model"]["name"]))
     threads = int(first["client"].get("torch_threads", 0)) or (STACKED_CPU_THREADS if stacked else 0)
@@ -226,6 +234,9 @@ def run_group(
                 job.join()
     finally:
         trainer.stop("the group ended")
+        if trainer.evaluation_passes:
+            _say("[stacked] %d evaluations in %d passes (those of a round together)", trainer.evaluations,
+                 trainer.evaluation_passes)  # fmt: skip
         if previous is None:
             os.environ.pop(DEVICE_ENV, None)
         else:

@@ -1,6 +1,8 @@
 """The round barrier of a stacked group: every job's round loop hands its train messages to one
 :class:`GroupTrainer`, which trains the clients of all jobs together once each job of the group has handed in its
-round (or left the group), then gives every job its replies.
+round (or left the group), then gives every job its replies. Evaluations are handed in the same way and done
+together once every job waits (:func:`server.run.evaluator.metrics_of_many`: the ``pop_gap`` models of a round in one
+pass over the shared data), before the round's training.
 
 With ``share`` (the default on an accelerator), clients of different jobs are stacked together when they share the
 round's settings (the fields of :data:`client.chunk.SHARED_FIELDS`: algorithm, batch size, local steps, ...): the
@@ -14,8 +16,10 @@ so each job's results are that run's.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,10 +27,22 @@ from flwr.app import Message
 
 from client.chunk import SHARED_FIELDS
 from server.batched.grid import BatchedGrid, StackedEntry, train_stacked
+from server.run.evaluator import Evaluator, metrics_of_many
 
 
 class GroupStopped(RuntimeError):
     """The group was stopped while this job waited for its round (another job failed the group, or a signal)."""
+
+
+@dataclass
+class _Evaluation:
+    """A job's evaluation handed in at the barrier: what to evaluate, then its metrics or error."""
+
+    evaluator: Evaluator
+    arrays: Any
+    result: dict[str, float] | None = None
+    error: BaseException | None = None
+    done: bool = False
 
 
 def stack_key(entry: StackedEntry) -> tuple:
@@ -62,11 +78,14 @@ class GroupTrainer:
         self._cond = threading.Condition()
         self._members: set[Any] = set()
         self._pending: dict[Any, tuple[BatchedGrid, list[Message]]] = {}
+        self._evaluations: dict[Any, tuple[_Evaluation, threading.Lock]] = {}
         self._generation = 0
         self._error: BaseException | None = None
         self._stopped: str | None = None
         self.rounds = 0  # group rounds trained
         self.chunks = 0  # stacked chunks trained
+        self.evaluations = 0  # models evaluated at the barrier
+        self.evaluation_passes = 0  # times the barrier evaluated the models handed in
 
     def join(self, member: Any) -> None:
         with self._cond:
@@ -77,8 +96,7 @@ class GroupTrainer:
         with self._cond:
             self._members.discard(member)
             self._pending.pop(member, None)
-            if self._pending and set(self._pending) >= self._members:
-                self._train_pending()
+            self._serve_if_all_wait()
 
     def stop(self, reason: str) -> None:
         """Wake every waiting job with :class:`GroupStopped`."""
@@ -93,14 +111,57 @@ class GroupTrainer:
                 raise GroupStopped(self._stopped)
             self._pending[member] = (grid, messages)
             generation = self._generation
-            if set(self._pending) >= self._members:
-                self._train_pending()
+            self._serve_if_all_wait()
             while self._generation == generation and not self._stopped:
                 self._cond.wait()
             if self._generation == generation:
                 raise GroupStopped(self._stopped or "stopped")
             if self._error is not None:
                 raise GroupStopped(f"the group's training raised: {self._error!r}")
+
+    def evaluate(self, member: Any, evaluator: Evaluator, arrays: Any, lock: threading.Lock) -> dict[str, float]:
+        """``evaluator.metrics(arrays)`` for ``member``, done together with the evaluations the other jobs hand in
+        before all of them wait (:func:`server.run.evaluator.metrics_of_many`); ``lock`` guards ``evaluator``."""
+        evaluation = _Evaluation(evaluator, arrays)
+        with self._cond:
+            if self._stopped:
+                raise GroupStopped(self._stopped)
+            self._evaluations[member] = (evaluation, lock)
+            self._serve_if_all_wait()
+            while not evaluation.done and not self._stopped:
+                self._cond.wait()
+            if not evaluation.done:
+                self._evaluations.pop(member, None)
+                raise GroupStopped(self._stopped or "stopped")
+        if evaluation.error is not None:
+            raise evaluation.error
+        assert evaluation.result is not None
+        return evaluation.result
+
+    def _serve_if_all_wait(self) -> None:
+        """Once every member waits (called with the lock held): their evaluations if any were handed in (the jobs
+        then go on to their training), else their training."""
+        waiting = set(self._pending) | set(self._evaluations)
+        if not waiting or not waiting >= self._members:
+            return
+        if self._evaluations:
+            self._evaluate_pending()
+        else:
+            self._train_pending()
+
+    def _evaluate_pending(self) -> None:
+        pending, self._evaluations = list(self._evaluations.values()), {}
+        evaluations = [e for e, _ in pending]
+        locks = {id(lock): lock for _, lock in pending}
+        with contextlib.ExitStack() as held:
+            for lock in locks.values():
+                held.enter_context(lock)
+            _evaluate(evaluations)
+        for e in evaluations:
+            e.done = True
+        self.evaluations += len(evaluations)
+        self.evaluation_passes += 1
+        self._cond.notify_all()
 
     def _train_pending(self) -> None:
         """Train every pending job's messages together (called with the lock held, by the last job to arrive)."""
@@ -126,3 +187,19 @@ class GroupTrainer:
             self._error = err
         self._generation += 1
         self._cond.notify_all()
+
+
+def _evaluate(evaluations: Sequence[_Evaluation]) -> None:
+    """Every evaluation's result in one pass where the data is shared; if that raises, each on its own (its own
+    result or error)."""
+    try:
+        rows = metrics_of_many([(e.evaluator, e.arrays) for e in evaluations])
+    except Exception:  # noqa: BLE001 - one model's failure must not become every job's
+        for e in evaluations:
+            try:
+                e.result = e.evaluator.metrics(e.arrays)
+            except Exception as err:  # noqa: BLE001 - handed to the job it belongs to
+                e.error = err
+        return
+    for e, row in zip(evaluations, rows):
+        e.result = row

@@ -13,12 +13,12 @@ from simcli import run_cli
 
 from client.models import build_model
 from server.convex.cli import compose
-from server.convex.objective import BIAS, WEIGHT
+from server.convex.objective import BIAS, WEIGHT, PopulationObjective, population_values
 from server.convex.optimum import PopulationGap, cache_path, objective, optimum
 from server.convex.solver import TOL, solve
 from server.run import config as config_lib
 from server.run.data import server_dataset
-from server.run.evaluator import Evaluator
+from server.run.evaluator import Evaluator, metrics_of_many
 from server.run.partitions import client_partitions
 
 MU = 1e-2
@@ -111,6 +111,36 @@ def test_gap_runs_take_pop_loss_and_accuracy_from_the_float64_pass(problem, solu
     assert row["pop_accuracy"] == pytest.approx(float32[1], abs=1e-12)
     w32 = obj.flatten({k: v.numpy() for k, v in arrays.items()})
     assert row["pop_gap"] + solution.f_star - row["pop_loss"] == pytest.approx(0.5 * MU * float(w32 @ w32), rel=1e-9)
+
+
+def test_runs_of_one_data_share_its_features_and_evaluate_many_models_in_one_pass(problem, solution):
+    """Evaluators of other seeds (other splits, so other example weights) hold one feature tensor; the metrics of
+    several models from one product equal one evaluation at a time to float64 rounding, the float32 test columns
+    and the accuracies exactly."""
+    cfg, ds, obj = problem
+    cfgs = [{**cfg, "seed": seed, "eval_gap": True, "eval_fstar": solution.f_star} for seed in (0, 1, 0)]
+    evaluators = [Evaluator(c, ds) for c in cfgs]
+    assert evaluators[0].gap.obj.x is evaluators[1].gap.obj.x is obj.x
+    assert not np.array_equal(evaluators[0].gap.obj.c.numpy(), evaluators[1].gap.obj.c.numpy())
+    models = [{k: a.astype(np.float32) for k, a in obj.arrays(random_w(obj, seed, 0.05)).items()} for seed in (4, 5)]
+    models.append(obj.arrays(random_w(obj, 6, 0.05)))  # a float64 model (the window's mean) as well
+    pairs = list(zip(evaluators, models))
+    together = metrics_of_many(pairs)
+    for (evaluator, model), row in zip(pairs, together):
+        alone = evaluator.metrics(model)
+        assert list(row) == list(alone)
+        for key in ("loss", "accuracy", "pop_accuracy"):
+            assert row[key] == alone[key], key
+        for key in ("pop_loss", "pop_gap"):
+            assert row[key] == pytest.approx(alone[key], rel=1e-12, abs=1e-14), key
+
+
+def test_population_values_refuses_objectives_with_their_own_features(problem):
+    cfg, ds, obj = problem
+    other = PopulationObjective(obj.x.clone(), ds.y_train, obj.c.numpy(), MU, ds.num_classes)
+    with pytest.raises(ValueError, match="sharing their features"):
+        population_values([obj, other], [random_w(obj, 1), random_w(obj, 2)])
+    assert population_values([], []) == []
 
 
 def test_solution_is_a_true_minimiser(problem, solution):

@@ -4,6 +4,7 @@ a FedOpt server optimizer, under cyclic and uniform participation; a diverging j
 pass between the stacked program and the batched engine both ways. The jobs share chunks (``share_chunks=True``,
 the accelerator default): the harder case, where a job's clients train beside other jobs' clients."""
 
+import contextlib
 import copy
 import json
 import logging
@@ -39,6 +40,19 @@ def composed(run_dir, data, *overrides):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="config", overrides=[*base, *overrides])
     return config_lib.validate(config_lib.to_plain(cfg))
+
+
+@contextlib.contextmanager
+def flwr_lines():
+    """The messages logged to Flower's logger meanwhile."""
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
 
 
 def rows(run_dir):
@@ -91,16 +105,10 @@ GRID = {
 def test_a_learning_rate_and_beta_grid_trains_in_a_chunk_per_algorithm_and_equals_lone_runs(tmp_path, tiny_data):
     """Jobs that differ in eta_l and beta share their chunks (per-client tensors): 4 chunks a round for 4
     algorithms, and each job still equals its lone run."""
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
     common = ["model=logreg", "num_rounds=4", "eval_every=2"]
     cfgs = [composed(tmp_path / "stacked" / name, tiny_data, *o, *common) for name, o in GRID.items()]
-    logging.getLogger("flwr").addHandler(handler)
-    try:
+    with flwr_lines() as lines:
         outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=True)
-    finally:
-        logging.getLogger("flwr").removeHandler(handler)
     assert [o.status for o in outcomes] == ["finished"] * len(GRID), [o.message for o in outcomes]
     assert any(line.startswith(f"[stacked] round 4/4: {3 * len(GRID)} clients of {len(GRID)} jobs in 4 chunks")
                for line in lines), lines  # fmt: skip
@@ -154,3 +162,34 @@ def test_a_checkpoint_passes_between_the_stacked_program_and_the_batched_engine(
     a, b = np.load(tmp_path / "run" / "final_model.npz"), np.load(tmp_path / "whole" / "final_model.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
     assert rows(tmp_path / "run") == rows(tmp_path / "whole")
+
+
+def test_population_evaluations_of_a_round_are_one_pass_and_equal_lone_runs_to_rounding(tmp_path, tiny_data):
+    """``pop_gap`` jobs (the convex study's columns) of two seeds: their evaluations of a round, the window means'
+    included, are done in one pass over the shared float64 data (4 models a pass). The pop_* columns equal the lone
+    runs' to float64 rounding; the final models and every other column are bitwise the lone runs'."""
+    common = ["model=logreg", "num_rounds=6", "eval_every=2", "eval_tail=0", "eval_average=2", "eval_train=true",
+              "eval_gap=true", "client.weight_decay=1e-3", "client.augment=false"]  # fmt: skip
+    jobs = {f"{name}_seed{seed}": [*CASES[name], f"seed={seed}"] for name in ("fedavg", "ghbm") for seed in (0, 1)}
+    cfgs = [composed(tmp_path / "stacked" / name, tiny_data, *o, *common) for name, o in jobs.items()]
+    with flwr_lines() as lines:
+        outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=True)
+    assert [o.status for o in outcomes] == ["finished"] * len(jobs), [o.message for o in outcomes]
+    passes = [line for line in lines if "evaluations in" in line]
+    assert passes == ["[stacked] 24 evaluations in 6 passes (those of a round together)"], passes
+    for name, overrides in jobs.items():
+        simulate(composed(tmp_path / "lone" / name, tiny_data, *overrides, *common))
+        a, b = (
+            np.load(tmp_path / "stacked" / name / "final_model.npz"),
+            np.load(tmp_path / "lone" / name / "final_model.npz"),
+        )
+        assert all(np.array_equal(a[k], b[k]) for k in a.files)
+        stacked, lone = rows(tmp_path / "stacked" / name), rows(tmp_path / "lone" / name)
+        assert [list(r) for r in stacked] == [list(r) for r in lone]
+        assert any("avg_pop_gap" in r for r in lone)
+        for r, s in zip(lone, stacked):
+            for key, value in r.items():
+                if "pop_loss" in key or "pop_gap" in key:
+                    assert s[key] == pytest.approx(value, rel=1e-10, abs=1e-12), (name, r["round"], key)
+                else:
+                    assert s[key] == value, (name, r["round"], key)
