@@ -13,10 +13,10 @@ stop when diverged, checkpoint, finish); :meth:`Run.run` is the loop over them a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from logging import INFO
@@ -68,16 +68,17 @@ def run_experiment(
     handler = logging.FileHandler(run.run_dir / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     handler.addFilter(console.RunLogFilter())  # every line but the console's short round lines
-    if thread_log:
-        ident = threading.get_ident()
-        handler.addFilter(lambda record: record.thread == ident)
     flwr_logger = logging.getLogger("flwr")
-    flwr_logger.addHandler(handler)
     try:
-        with console.console_routing(bool(run.cfg.get("verbose", False))):
+        with contextlib.ExitStack() as routed:
+            if thread_log:
+                routed.enter_context(console.thread_run_log(handler))
+            else:
+                flwr_logger.addHandler(handler)
+                routed.callback(flwr_logger.removeHandler, handler)
+            routed.enter_context(console.console_routing(bool(run.cfg.get("verbose", False))))
             return run.run(grid)
     finally:
-        flwr_logger.removeHandler(handler)
         handler.close()
 
 

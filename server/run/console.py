@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -164,18 +165,67 @@ def format_duration(seconds: float) -> str:
 
 @contextlib.contextmanager
 def console_routing(verbose: bool) -> Iterator[None]:
-    """Filter Flower's console handler(s) of this process for the duration of a run."""
+    """Filter Flower's console handler(s) of this process for the duration of a run. Runs side by side in threads
+    (a stacked group) share one filter: each record passes one, not one per run."""
     from server.internals.flower_logger import console_handlers
 
-    handlers = console_handlers()
-    flt = ConsoleFilter(verbose)
-    for handler in handlers:
-        handler.addFilter(flt)
+    with _ROUTING_LOCK:
+        flt, users = _ROUTING.get(verbose, (None, 0))
+        if flt is None:
+            flt, handlers = ConsoleFilter(verbose), console_handlers()
+            for handler in handlers:
+                handler.addFilter(flt)
+            _ROUTED[verbose] = handlers
+        _ROUTING[verbose] = (flt, users + 1)
     try:
         yield
     finally:
-        for handler in handlers:
-            handler.removeFilter(flt)
+        with _ROUTING_LOCK:
+            flt, users = _ROUTING.pop(verbose)
+            if users > 1:
+                _ROUTING[verbose] = (flt, users - 1)
+            else:
+                for handler in _ROUTED.pop(verbose):
+                    handler.removeFilter(flt)
+
+
+_ROUTING: dict[bool, tuple[ConsoleFilter, int]] = {}  # verbose -> (the installed filter, runs using it)
+_ROUTED: dict[bool, list[logging.Handler]] = {}  # verbose -> the handlers it is installed on
+_ROUTING_LOCK = threading.Lock()
+
+
+class ThreadRunLogs(logging.Handler):
+    """One handler on Flower's logger for the ``run.log`` of every run that runs in a thread of its own: a record
+    goes to the file of the thread that logged it (a record visits one handler, not one per run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: dict[int, logging.Handler] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        handler = self.files.get(record.thread)  # type: ignore[arg-type]
+        if handler is not None:
+            handler.handle(record)
+
+
+_THREAD_LOGS = ThreadRunLogs()
+
+
+@contextlib.contextmanager
+def thread_run_log(handler: logging.Handler) -> Iterator[None]:
+    """``handler`` (a run's ``run.log``) takes the records of this thread while the block runs."""
+    flwr_logger, ident = logging.getLogger("flwr"), threading.get_ident()
+    with _ROUTING_LOCK:
+        if not _THREAD_LOGS.files:
+            flwr_logger.addHandler(_THREAD_LOGS)
+        _THREAD_LOGS.files[ident] = handler
+    try:
+        yield
+    finally:
+        with _ROUTING_LOCK:
+            _THREAD_LOGS.files.pop(ident, None)
+            if not _THREAD_LOGS.files:
+                flwr_logger.removeHandler(_THREAD_LOGS)
 
 
 def quiet_job_log(verbose: bool) -> None:
