@@ -32,7 +32,7 @@ def evaluation_examples(cfg: Mapping[str, Any], ds: Dataset | NaturalData) -> tu
     return test, [ImageExamples(ds.x_train[idx], ds.y_train[idx], ds.mean, ds.std, False) for idx in parts]
 
 
-MEMO_BYTES = 512 << 20  # the most memory the test set's prepared batches may take (beyond it they are prepared again)
+MEMO_BYTES = 256 << 20  # the most memory the test set's prepared batches may take (beyond it they are prepared again)
 
 
 class PreparedBatches:

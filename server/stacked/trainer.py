@@ -17,6 +17,7 @@ so each job's results are that run's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,11 +53,17 @@ def stack_key(entry: StackedEntry) -> tuple:
     cfg = job.train_cfg
     return (
         type(job.model).__name__,
-        str(job.model),
+        _architecture(job.model),
         tuple(job.examples.mean),
         tuple(job.examples.std),
         *(repr(getattr(cfg, f)) for f in SHARED_FIELDS),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _architecture(model: torch.nn.Module) -> str:
+    """A model object's layers as text (the process keeps one model object per architecture: built once here)."""
+    return str(model)
 
 
 class GroupTrainer:
