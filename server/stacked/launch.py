@@ -160,26 +160,29 @@ class _Job(threading.Thread):
         self.outcome = Outcome(run_cfg.values["run_dir"], "error", "did not start")
 
     def run(self) -> None:
-        run_dir = self.run_cfg.values["run_dir"]
         if self.torch_threads:  # per thread: each job thread would otherwise run an OpenMP team of every core
             torch.set_num_threads(self.torch_threads)
+        with self.grid.trainer.run_turn():
+            self.outcome = self._run(self.run_cfg.values["run_dir"])
+
+    def _run(self, run_dir: str) -> Outcome:
         try:
             self.grid.hold_startup()
             summary = run_experiment(self.grid, self.run_cfg, run_dir, evaluator=self.evaluators, thread_log=True)
-            self.outcome = Outcome(run_dir, "finished", summary=summary)
+            return Outcome(run_dir, "finished", summary=summary)
         except DivergenceError as err:
-            self.outcome = Outcome(run_dir, "diverged", str(err))
+            return Outcome(run_dir, "diverged", str(err))
         except NoNodesError as err:
-            self.outcome = Outcome(run_dir, "failed", str(err))
+            return Outcome(run_dir, "failed", str(err))
         except config_lib.ConfigError as err:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             write_status(Path(run_dir), "failed", 0, f"invalid configuration: {err}")
-            self.outcome = Outcome(run_dir, "failed", f"invalid configuration: {err}")
+            return Outcome(run_dir, "failed", f"invalid configuration: {err}")
         except GroupStopped as err:
-            self.outcome = Outcome(run_dir, "stopped", str(err))
+            return Outcome(run_dir, "stopped", str(err))
         except Exception as err:  # noqa: BLE001 - one job's failure ends that job only
             logging.getLogger("flwr").exception("job %d (%s) failed", self.index, run_dir)
-            self.outcome = Outcome(run_dir, "error", f"{type(err).__name__}: {err}")
+            return Outcome(run_dir, "error", f"{type(err).__name__}: {err}")
         finally:
             self.grid.release_startup()
             self.grid.trainer.leave(self.grid)

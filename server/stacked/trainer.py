@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,8 +91,19 @@ class GroupTrainer:
         self._stopped: str | None = None
         self.rounds = 0  # group rounds trained
         self.chunks = 0  # stacked chunks trained
+        self.turn = threading.Lock()  # held by the one job thread that runs (see :meth:`run_turn`)
         self.evaluations = 0  # models evaluated at the barrier
         self.evaluation_passes = 0  # times the barrier evaluated the models handed in
+
+    @contextlib.contextmanager
+    def run_turn(self) -> Iterator[None]:
+        """A job thread's whole run: it runs only while it holds the turn, which it leaves while waiting at the
+        barrier, so the jobs' Python runs one job at a time instead of switching the interpreter lock between them."""
+        self.turn.acquire()
+        try:
+            yield
+        finally:
+            self.turn.release()
 
     def join(self, member: Any) -> None:
         with self._cond:
@@ -119,12 +130,14 @@ class GroupTrainer:
             self._pending[member] = (grid, messages)
             generation = self._generation
             self._serve_if_all_wait()
+            self.turn.release()
             while self._generation == generation and not self._stopped:
                 self._cond.wait()
-            if self._generation == generation:
-                raise GroupStopped(self._stopped or "stopped")
-            if self._error is not None:
-                raise GroupStopped(f"the group's training raised: {self._error!r}")
+        self.turn.acquire()
+        if self._generation == generation:
+            raise GroupStopped(self._stopped or "stopped")
+        if self._error is not None:
+            raise GroupStopped(f"the group's training raised: {self._error!r}")
 
     def evaluate(self, member: Any, evaluator: Evaluator, arrays: Any, lock: threading.Lock) -> dict[str, float]:
         """``evaluator.metrics(arrays)`` for ``member``, done together with the evaluations the other jobs hand in
@@ -135,11 +148,14 @@ class GroupTrainer:
                 raise GroupStopped(self._stopped)
             self._evaluations[member] = (evaluation, lock)
             self._serve_if_all_wait()
+            self.turn.release()
             while not evaluation.done and not self._stopped:
                 self._cond.wait()
             if not evaluation.done:
                 self._evaluations.pop(member, None)
-                raise GroupStopped(self._stopped or "stopped")
+        self.turn.acquire()
+        if not evaluation.done:
+            raise GroupStopped(self._stopped or "stopped")
         if evaluation.error is not None:
             raise evaluation.error
         assert evaluation.result is not None
