@@ -9,7 +9,8 @@ the host's work: strategy, Flower messages, reply validation, metrics rows, logg
 
     python -m benchmarks.host_round --jobs 8 --rounds 200 --repeats 3
 
-Prints ms per job-round of each mode and a cProfile split of a lone run's rounds (FedCM).
+Prints ms per job-round of each mode, a cProfile split of a lone run's rounds (FedCM), and µs to write and read a
+model array as a Flower Array (``Array(ndarray)`` / ``Array.numpy()`` against :mod:`strategies.npy`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,16 @@ import pstats
 import statistics
 import tempfile
 import time
+import timeit
 from pathlib import Path
+
+import numpy as np
+from flwr.app import Array
 
 from benchmarks.stacked_sweep import jobs
 from server.run.cli import simulate
 from server.stacked.launch import run_jobs
+from strategies import npy
 
 PARTS = {  # cProfile's cumulative time of these functions, as shares of a lone run's rounds
     "configure_train (strategy, messages out)": "configure_train",
@@ -72,6 +78,28 @@ def profile_split(out: Path, args: argparse.Namespace) -> dict[str, float]:
     return {part: round(sum(v[3] for k, v in stats.items() if k[2] == name) / total, 3) for part, name in PARTS.items()}
 
 
+def codec_us(repeats: int = 2000) -> dict[str, dict[str, float]]:
+    """µs to write and read one array as a Flower Array: ``Array(ndarray)`` / ``Array.numpy()`` against
+    :mod:`strategies.npy`, for the logistic regression's weight and bias."""
+    arrays = {
+        "weight (10, 3072) float32": np.zeros((10, 3072), np.float32),
+        "bias (10,) float32": np.zeros(10, np.float32),
+    }
+    out = {}
+    for name, a in arrays.items():
+        array = Array(a)
+        ways = {
+            "write: Array(ndarray)": lambda a=a: Array(a),
+            "write: npy.to_array": lambda a=a: npy.to_array(a),
+            "read: Array.numpy": array.numpy,
+            "read: npy.to_numpy": lambda array=array: npy.to_numpy(array),
+        }
+        out[name] = {
+            way: round(1e6 * min(timeit.repeat(fn, number=repeats, repeat=3)) / repeats, 2) for way, fn in ways.items()
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=8)
@@ -98,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         "group_ms_per_job_round": round(statistics.median(group), 2),
         "all": {"lone": [round(x, 2) for x in lone], "group": [round(x, 2) for x in group]},
         "lone_round_split": profile_split(out, args),
+        "codec_us": codec_us(),
     }
     print(json.dumps(result, indent=1))
 
