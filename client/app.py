@@ -232,7 +232,7 @@ def train_reply(
     config = msg.content[P.CONFIG]
     data = {k: config[k] for k in C.DATA_KEYS if k in config}
     current = context.state.get(STATE_KEY)
-    if not isinstance(current, ConfigRecord) or dict(current) != data:  # each record built is validated again
+    if not isinstance(current, ConfigRecord) or dict(current) != data:  # building one validates every value
         context.state[STATE_KEY] = ConfigRecord(data)
     reply = RecordDict(
         {

@@ -2,7 +2,7 @@
 
 A Flower ``Array`` of stype ``numpy.ndarray`` holds an ``.npy`` file: a header naming dtype, order and shape, then
 the raw bytes. ``np.save`` and ``np.load`` build and parse that header for every array (``np.load`` evaluates it as
-Python literal), which was a fifth of an in-process round's host work. Here the header of each (dtype, shape) is
+a Python literal), a large part of an in-process round's host work. Here the header of each (dtype, shape) is
 built once; :func:`to_array` writes exactly the bytes ``Array(ndarray)`` writes, and :func:`to_numpy` reads an
 array whose header is the one ``np.save`` writes for its declared dtype and shape, with its data of exactly that
 size. Anything else (another order or header version, a declared dtype or shape the bytes do not match, corrupt

@@ -170,27 +170,27 @@ def console_routing(verbose: bool) -> Iterator[None]:
     from server.internals.flower_logger import console_handlers
 
     with _ROUTING_LOCK:
-        flt, users = _ROUTING.get(verbose, (None, 0))
-        if flt is None:
+        if verbose not in _ROUTING:
             flt, handlers = ConsoleFilter(verbose), console_handlers()
             for handler in handlers:
                 handler.addFilter(flt)
-            _ROUTED[verbose] = handlers
-        _ROUTING[verbose] = (flt, users + 1)
+            _ROUTING[verbose] = (flt, handlers, 0)
+        flt, handlers, users = _ROUTING[verbose]
+        _ROUTING[verbose] = (flt, handlers, users + 1)
     try:
         yield
     finally:
         with _ROUTING_LOCK:
-            flt, users = _ROUTING.pop(verbose)
+            flt, handlers, users = _ROUTING.pop(verbose)
             if users > 1:
-                _ROUTING[verbose] = (flt, users - 1)
+                _ROUTING[verbose] = (flt, handlers, users - 1)
             else:
-                for handler in _ROUTED.pop(verbose):
+                for handler in handlers:
                     handler.removeFilter(flt)
 
 
-_ROUTING: dict[bool, tuple[ConsoleFilter, int]] = {}  # verbose -> (the installed filter, runs using it)
-_ROUTED: dict[bool, list[logging.Handler]] = {}  # verbose -> the handlers it is installed on
+# verbose -> (the console filter, the handlers it is installed on, runs using it)
+_ROUTING: dict[bool, tuple[ConsoleFilter, list[logging.Handler], int]] = {}
 _ROUTING_LOCK = threading.Lock()
 
 

@@ -97,14 +97,20 @@ class Evaluator:
         loss, acc = np.mean(np.asarray(per_client, dtype=np.float64), axis=0)
         return float(loss), float(acc)
 
-    def metrics(self, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> dict[str, float]:
+    @property
+    def population_from_gap(self) -> bool:
+        """Whether the three pop_* columns come from the ``pop_gap`` objective's float64 pass (every example)."""
+        return self.gap is not None and not self.per_client_max
+
+    def metrics(self, arrays: Model, population: Mapping[str, float] | None = None) -> dict[str, float]:
         """Metrics-row entries: ``loss``, ``accuracy`` and, with ``eval_train``, ``pop_loss``, ``pop_accuracy``
         (and with ``eval_gap``, ``pop_gap``). Numpy arrays are evaluated as given: a float64 model (the window's
-        mean) gets its ``pop_gap`` in float64 and its test metrics in the model's float32."""
+        mean) gets its ``pop_gap`` in float64 and its test metrics in the model's float32. ``population``: the
+        pop_* columns already computed from the same model (:func:`metrics_of_many`)."""
         values = _numpy(arrays)
         row = dict(zip(("loss", "accuracy"), self(values)))
-        if self.gap is not None and not self.per_client_max:  # every example: f's float64 pass gives all three
-            row.update(self.gap.with_population(values))
+        if self.population_from_gap:
+            row.update(population if population is not None else self.gap.with_population(values))
             return row
         if self.partitions is not None:
             row.update(zip(("pop_loss", "pop_accuracy"), self.population(values)))
@@ -122,7 +128,7 @@ def metrics_of_many(pairs: Sequence[tuple[Evaluator, Model]]) -> list[dict[str, 
     rows: list[dict[str, float] | None] = [None] * len(pairs)
     shared: dict[int, list[int]] = {}  # id of the shared features -> pairs
     for i, (evaluator, _) in enumerate(pairs):
-        if evaluator.gap is not None and not evaluator.per_client_max:
+        if evaluator.population_from_gap:
             shared.setdefault(id(evaluator.gap.obj.x), []).append(i)
         else:
             rows[i] = evaluator.metrics(models[i])
@@ -132,7 +138,7 @@ def metrics_of_many(pairs: Sequence[tuple[Evaluator, Model]]) -> list[dict[str, 
         for group in shared.values():
             populations = with_populations([pairs[i][0].gap for i in group], [models[i] for i in group])
             for i, population in zip(group, populations):
-                rows[i] = {**dict(zip(("loss", "accuracy"), pairs[i][0](models[i]))), **population}
+                rows[i] = pairs[i][0].metrics(models[i], population)
     return rows  # type: ignore[return-value]
 
 

@@ -5,6 +5,7 @@ libraries' DEBUG lines unless verbose=true."""
 import io
 import logging
 import re
+import threading
 
 import pytest
 from flwr.common.logger import ConsoleHandler
@@ -108,6 +109,38 @@ def test_verbose_shows_run_log_lines_on_the_console(routed):
     screen, file = routed(True)
     assert "serves partition 4" in screen and "full line rejected 0" in screen and "short line" not in screen
     assert screen.count("\n") == file.count("\n") == 11  # run.log's ten lines + the one after the run
+
+
+def test_runs_side_by_side_share_one_console_filter_and_log_to_their_own_run_log(tmp_path):
+    """Routing nested twice installs one filter, removed when the last run ends; a record of a thread reaches that
+    thread's run.log only."""
+    from server.internals.flower_logger import console_handlers
+
+    def filters():
+        return sum(isinstance(f, console.ConsoleFilter) for h in console_handlers() for f in h.filters)
+
+    before = filters()
+    with console.console_routing(False):
+        with console.console_routing(False):
+            assert filters() == before + 1
+        assert filters() == before + 1
+    assert filters() == before
+    flwr, logs = logging.getLogger("flwr"), {}
+
+    def job(name):
+        handler = logging.FileHandler(tmp_path / f"{name}.log")
+        with console.thread_run_log(handler):
+            flwr.info("line of %s", name)
+        handler.close()
+        logs[name] = (tmp_path / f"{name}.log").read_text()
+
+    threads = [threading.Thread(target=job, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert logs == {"a": "line of a\n", "b": "line of b\n"}
+    assert not any(isinstance(h, console.ThreadRunLogs) for h in flwr.handlers)
 
 
 def test_cli_log_drops_debug_and_other_libraries_info_unless_verbose():
