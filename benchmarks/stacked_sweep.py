@@ -46,6 +46,7 @@ def jobs(setting: str, out: Path, mode: str, args: argparse.Namespace, data: str
     for i in range(args.jobs):
         method, seed = METHODS[i % len(METHODS)], i // len(METHODS)
         common = [f"run_dir={out / setting / mode / f'{method}_seed{seed}'}", f"seed={seed}", "plots=false"]
+        common.append(f"engine.workers={args.workers}")
         if setting == "host":
             extra = [
                 f"+method={method}",
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--share-chunks", default="auto", choices=["auto", "true", "false"], help="hydra.launcher.share_chunks"
     )
+    parser.add_argument("--workers", default="auto", help="engine.workers: a group's chunk threads on a CPU")
+    parser.add_argument("--skip-host", action="store_true", help="only the convex setting")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.rounds < 1 or args.host_rounds < 1:
         parser.error("--jobs, --rounds and --host-rounds must be >= 1")
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     tiny = out / "tiny"
     if not tiny.exists():
         make_image_folder(tiny, per_class=12, test_per_class=4, seed=1)
-    results = [measure("host", out, args, str(tiny), str(out / "cache"))]
+    results = [] if args.skip_host else [measure("host", out, args, str(tiny), str(out / "cache"))]
     if args.data:
         results.append(measure("convex", out, args, args.data, str(out / "cache")))
     (out / "results.json").write_text(json.dumps(results, indent=1))

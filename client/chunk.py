@@ -4,6 +4,7 @@ rules of ``strategies.math``; :class:`client.linear.LinearChunk` replaces its gr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,11 +61,13 @@ class ClientInput:
 
 CACHE_BYTES = 2 << 30  # the most memory the per-client float copies of the data may take
 _CACHE: dict[tuple, torch.Tensor] = {}
+_CACHE_LOCK = threading.Lock()  # chunks may be built side by side (a stacked group's threads)
 
 
 def clear_cache() -> None:
     """Forget every cached float copy of the clients' images."""
-    _CACHE.clear()
+    with _CACHE_LOCK:
+        _CACHE.clear()
 
 
 def _images(
@@ -74,16 +77,23 @@ def _images(
     before normalising, as :func:`client.augment.prepare_batch`) or already normalised. Rows gathered from it are
     bitwise ``prepare_batch`` of the same rows (both are elementwise). Cached per ``key`` up to CACHE_BYTES."""
     cache_key = None if c.key is None else (c.key, str(device), normalised, tuple(mean), tuple(std))
-    if cache_key in _CACHE:
-        return _CACHE[cache_key]
-    x = to_tensor(c.x() if callable(c.x) else c.x, device).contiguous()
-    if normalised:
-        x = normalise(x, mean, std)
-    if cache_key is not None:
+    if cache_key is None:
+        return _float_images(c, mean, std, device, normalised)
+    with _CACHE_LOCK:
+        if cache_key in _CACHE:
+            return _CACHE[cache_key]
+        x = _float_images(c, mean, std, device, normalised)
         while _CACHE and sum(v.numel() * v.element_size() for v in _CACHE.values()) + x.numel() * 4 > CACHE_BYTES:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[cache_key] = x
-    return x
+        return x
+
+
+def _float_images(
+    c: ClientInput, mean: Sequence[float], std: Sequence[float], device: torch.device, normalised: bool
+) -> torch.Tensor:
+    x = to_tensor(c.x() if callable(c.x) else c.x, device).contiguous()
+    return normalise(x, mean, std) if normalised else x
 
 
 def can_stack(model: nn.Module) -> bool:

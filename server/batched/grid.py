@@ -38,6 +38,7 @@ from client import config as C
 from client.examples import ImageExamples
 from client.models import build_model
 from client.stacked import ClientInput, can_stack, stacked_local_train
+from client.train import TrainResult
 from server.batched.workers import WorkerPool
 from server.internals.flower_grid import SUPERLINK_NODE_ID, ErrorCode, set_message_id, set_task_identity
 from strategies import protocol as P
@@ -236,6 +237,15 @@ class BatchedGrid(Grid):
 def train_stacked(chunk: list[StackedEntry], device: torch.device) -> None:
     """Train ``chunk`` stacked and store each reply in its grid; if that raises, each client through its own handler
     instead. The entries may come from several grids (the jobs of a stacked sweep) that share the round's settings."""
+    store_stacked(chunk, stacked_results(chunk, device))
+
+
+def stacked_results(
+    chunk: list[StackedEntry], device: torch.device, model: torch.nn.Module | None = None
+) -> list[TrainResult] | str:
+    """The computation of :func:`train_stacked`: each client's result, or the traceback's text when the stacked
+    training raised. Touches no grid, so chunks may be computed side by side; ``model``: the architecture object to
+    use (a thread's own copy when chunks run side by side: a functional call sets its module's parameters)."""
     first = chunk[0][2]
     inputs = [
         ClientInput(
@@ -249,14 +259,17 @@ def train_stacked(chunk: list[StackedEntry], device: torch.device) -> None:
         for _, _, job in chunk
     ]
     try:
-        results = stacked_local_train(first.model, inputs, first.examples.mean, first.examples.std, device)
+        return stacked_local_train(model or first.model, inputs, first.examples.mean, first.examples.std, device)
     except Exception:
-        log(
-            WARNING,
-            "[batched] a stacked chunk of %d clients raised; training them one by one:\n%s",
-            len(chunk),
-            traceback.format_exc(limit=3),
-        )
+        return traceback.format_exc(limit=3)
+
+
+def store_stacked(chunk: list[StackedEntry], results: list[TrainResult] | str) -> None:
+    """Each client's reply from :func:`stacked_results` stored in its grid; after a failed chunk (the traceback's
+    text), each client trained through its own handler instead."""
+    if isinstance(results, str):
+        log(WARNING, "[batched] a stacked chunk of %d clients raised; training them one by one:\n%s", len(chunk),
+            results)  # fmt: skip
         for grid, msg, _ in chunk:
             grid._store(msg, grid._call(msg, client_app.train))
         return

@@ -29,6 +29,7 @@ from client.environment import DEVICE_ENV
 from client.models import build_model
 from client.train import get_device
 from server.batched.engine import STACKED_CPU_THREADS, chunk_size, device_of
+from server.batched.workers import available_cores
 from server.run import config as config_lib
 from server.run import quiet
 from server.run.app import DivergenceError, run_experiment, write_status
@@ -217,6 +218,8 @@ def run_group(
                  clients, len(cfgs), chunks, now - started, eta)  # fmt: skip
 
     share = device.type != "cpu" if share_chunks is None else bool(share_chunks)
+    workers = first["engine"].get("workers", "auto")
+    workers = (available_cores() if workers == "auto" else int(workers)) if device.type == "cpu" else 1
     trainer = GroupTrainer(device, chunk_size(first, device), on_round, share=share)
     startup = threading.Lock()
     evaluators = _Evaluators(trainer)
@@ -224,10 +227,12 @@ def run_group(
     stacked = grids[0].stacks(build_model(first["model"]["name"]))
     threads = int(first["client"].get("torch_threads", 0)) or (STACKED_CPU_THREADS if stacked else 0)
     threads = threads if device.type == "cpu" else 0
+    trainer.workers, trainer.threads = (workers, threads) if stacked else (1, 0)
     jobs = [_Job(i, r, g, evaluators, threads) for i, r, g in zip(indices, runs, grids)]
     for g in grids:
         trainer.join(g)
     how = ("stacked clients, " + ("jobs sharing chunks" if share else "a chunk per job")) if stacked else "one by one"
+    how += f", {trainer.workers} chunk threads" if trainer.workers > 1 else ""
     _say("[stacked] %d jobs as one program on %s (%s)", len(jobs), device, how)
     try:
         with _quiet_jobs():

@@ -12,14 +12,20 @@ same round. Without it (the default on a CPU, where a chunk per job measured fas
 chunks of its lone run.
 Each client's computation is the one a lone ``engine=batched`` run makes (its own batches, augmentation and steps),
 so each job's results are that run's.
+
+On a CPU, ``workers`` threads compute a round's chunks side by side (each with ``threads`` torch threads and its own
+copy of the model), and the evaluations of a round use ``workers`` × ``threads`` torch threads; the replies are stored
+and logged by the barrier's thread in chunk order, so what a job sees does not depend on which thread computed it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +33,7 @@ import torch
 from flwr.app import Message
 
 from client.chunk import SHARED_FIELDS
-from server.batched.grid import BatchedGrid, StackedEntry, train_stacked
+from server.batched.grid import BatchedGrid, StackedEntry, stacked_results, store_stacked
 from server.run.evaluator import Evaluator, metrics_of_many
 
 
@@ -71,7 +77,7 @@ class GroupTrainer:
 
     ``chunk_size``: the most clients trained together (over all jobs); ``on_round``: called after each group round
     with (round, clients trained, chunks trained), for progress lines; ``share``: clients of different jobs in one
-    chunk.
+    chunk; ``workers``: threads computing chunks side by side, ``threads`` torch threads each (0: as set), on a CPU.
     """
 
     def __init__(
@@ -80,8 +86,13 @@ class GroupTrainer:
         chunk_size: int | None = None,
         on_round: Callable[[int, int, int], None] | None = None,
         share: bool = True,
+        workers: int = 1,
+        threads: int = 0,
     ) -> None:
         self.device, self.chunk_size, self.on_round, self.share = device, chunk_size, on_round, share
+        self.workers = max(1, int(workers)) if device.type == "cpu" else 1
+        self.threads = int(threads)
+        self._pool: ThreadPoolExecutor | None = None
         self._cond = threading.Condition()
         self._members: set[Any] = set()
         self._pending: dict[Any, tuple[BatchedGrid, list[Message]]] = {}
@@ -117,10 +128,13 @@ class GroupTrainer:
             self._serve_if_all_wait()
 
     def stop(self, reason: str) -> None:
-        """Wake every waiting job with :class:`GroupStopped`."""
+        """Wake every waiting job with :class:`GroupStopped` and end the chunk threads."""
         with self._cond:
             self._stopped = reason
             self._cond.notify_all()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def train(self, member: Any, grid: BatchedGrid, messages: list[Message]) -> None:
         """Hand in ``member``'s train messages of this round; returns once their replies are stored in ``grid``."""
@@ -179,7 +193,8 @@ class GroupTrainer:
         with contextlib.ExitStack() as held:
             for lock in locks.values():
                 held.enter_context(lock)
-            _evaluate(evaluations)
+            with _torch_threads(self.workers * self.threads if self.workers > 1 and self.threads else 0):
+                _evaluate(evaluations)
         for e in evaluations:
             e.done = True
         self.evaluations += len(evaluations)
@@ -196,20 +211,60 @@ class GroupTrainer:
                 for entry in grid.prepare_stacked(messages) or []:
                     entries.append(entry)
                     groups.setdefault((stack_key(entry), None if self.share else job), []).append(entry)
-            chunks = 0
+            chunks: list[list[StackedEntry]] = []
             for chunk_entries in groups.values():
                 size = self.chunk_size or len(chunk_entries)
-                for start in range(0, len(chunk_entries), size):
-                    train_stacked(chunk_entries[start : start + size], self.device)
-                    chunks += 1
+                chunks += [chunk_entries[start : start + size] for start in range(0, len(chunk_entries), size)]
+            for chunk, results in zip(chunks, self._compute(chunks)):
+                store_stacked(chunk, results)
             self.rounds += 1
-            self.chunks += chunks
+            self.chunks += len(chunks)
             if self.on_round is not None and entries:
-                self.on_round(int(entries[0][2].train_cfg.server_round), len(entries), chunks)
+                self.on_round(int(entries[0][2].train_cfg.server_round), len(entries), len(chunks))
         except BaseException as err:  # noqa: BLE001 - handed to every waiting job
             self._error = err
         self._generation += 1
         self._cond.notify_all()
+
+    def _compute(self, chunks: list[list[StackedEntry]]) -> Iterator[Any]:
+        """Each chunk's :func:`~server.batched.grid.stacked_results`, in order: on ``workers`` threads side by side
+        when there are several chunks."""
+        if self.workers == 1 or len(chunks) == 1:
+            return (stacked_results(c, self.device) for c in chunks)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="stacked-chunks", initializer=self._init)
+        return self._pool.map(lambda c: stacked_results(c, self.device, _own_model(c[0][2].model)), chunks)
+
+    def _init(self) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+
+
+_local = threading.local()
+
+
+def _own_model(model: torch.nn.Module) -> torch.nn.Module:
+    """This thread's copy of ``model`` (an architecture object shared by the jobs: a functional call sets its
+    parameters, so two threads must not use one object)."""
+    copies = getattr(_local, "models", None)
+    if copies is None:
+        copies = _local.models = {}
+    if id(model) not in copies:
+        copies[id(model)] = (model, copy.deepcopy(model))  # the original kept: its id stays its own
+    return copies[id(model)][1]
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """This thread's torch threads set to ``n`` (0: left as they are) for the block."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n:
+            torch.set_num_threads(before)
 
 
 def _evaluate(evaluations: Sequence[_Evaluation]) -> None:

@@ -2,7 +2,8 @@
 ``engine=batched`` — final model bitwise, every metrics column but the timings — for every registered strategy and
 a FedOpt server optimizer, under cyclic and uniform participation; a diverging job leaves the group; checkpoints
 pass between the stacked program and the batched engine both ways. The jobs share chunks (``share_chunks=True``,
-the accelerator default): the harder case, where a job's clients train beside other jobs' clients."""
+the accelerator default): the harder case, where a job's clients train beside other jobs' clients; and where the
+groups have several chunks, two threads compute them side by side (``engine.workers=2``, the CPU default on 2 cores)."""
 
 import contextlib
 import copy
@@ -76,6 +77,7 @@ def assert_same_run(stacked_dir, lone_dir):
 @pytest.mark.parametrize("mode", ["cyclic", "uniform"])
 def test_each_stacked_job_equals_its_lone_batched_run(tmp_path, tiny_data, model, rounds, extra, mode):
     common = [f"model={model}", f"num_rounds={rounds}", f"participation.mode={mode}", "eval_every=2", *extra]
+    common.append("engine.workers=2")  # chunks of a round on 2 threads (the lone runs stack: no worker processes)
     names = list(CASES)
     cfgs = [
         composed(tmp_path / "stacked" / name, tiny_data, *CASES[name], *common, f"seed={i % 2}")
@@ -104,12 +106,16 @@ GRID = {
 
 def test_a_learning_rate_and_beta_grid_trains_in_a_chunk_per_algorithm_and_equals_lone_runs(tmp_path, tiny_data):
     """Jobs that differ in eta_l and beta share their chunks (per-client tensors): 4 chunks a round for 4
-    algorithms, and each job still equals its lone run."""
-    common = ["model=logreg", "num_rounds=4", "eval_every=2"]
+    algorithms, computed by 2 threads, and each job still equals its lone run."""
+    common = ["model=logreg", "num_rounds=4", "eval_every=2", "engine.workers=2"]
     cfgs = [composed(tmp_path / "stacked" / name, tiny_data, *o, *common) for name, o in GRID.items()]
     with flwr_lines() as lines:
         outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=True)
     assert [o.status for o in outcomes] == ["finished"] * len(GRID), [o.message for o in outcomes]
+    assert (
+        f"[stacked] {len(GRID)} jobs as one program on cpu (stacked clients, jobs sharing chunks, 2 chunk threads)"
+        in lines
+    )
     assert any(line.startswith(f"[stacked] round 4/4: {3 * len(GRID)} clients of {len(GRID)} jobs in 4 chunks")
                for line in lines), lines  # fmt: skip
     for name, overrides in GRID.items():
@@ -117,8 +123,38 @@ def test_a_learning_rate_and_beta_grid_trains_in_a_chunk_per_algorithm_and_equal
         assert_same_run(tmp_path / "stacked" / name, tmp_path / "lone" / name)
 
 
+def test_a_chunk_that_raises_on_a_chunk_thread_is_trained_one_by_one_and_the_others_equal_lone_runs(
+    tmp_path, tiny_data, monkeypatch
+):
+    """A failing stacked chunk (here: every chunk of the GHBM job, computed on one of 2 threads) is logged by the
+    group and its clients are trained by the ClientApp's own handler; the job finishes, and the other jobs' chunks
+    are untouched."""
+    from server.batched import grid as batched_grid
+
+    real = batched_grid.stacked_local_train
+
+    def failing_for_ghbm(model, clients, *args, **kwargs):
+        if clients[0].cfg.algorithm == "ghbm":
+            raise RuntimeError("a broken chunk")
+        return real(model, clients, *args, **kwargs)
+
+    monkeypatch.setattr(batched_grid, "stacked_local_train", failing_for_ghbm)
+    common = ["model=logreg", "num_rounds=3", "engine.workers=2"]
+    names = ("fedavg", "ghbm", "fedcm")
+    cfgs = [composed(tmp_path / "stacked" / n, tiny_data, *CASES[n], *common) for n in names]
+    with flwr_lines() as lines:
+        outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=False)
+    assert [o.status for o in outcomes] == ["finished"] * 3, [o.message for o in outcomes]
+    failed = [line for line in lines if "a stacked chunk of 3 clients raised; training them one by one" in line]
+    assert len(failed) == 3 and all("a broken chunk" in line for line in failed)  # one a round
+    monkeypatch.setattr(batched_grid, "stacked_local_train", real)
+    for name in ("fedavg", "fedcm"):
+        simulate(composed(tmp_path / "lone" / name, tiny_data, *CASES[name], *common))
+        assert_same_run(tmp_path / "stacked" / name, tmp_path / "lone" / name)
+
+
 def test_a_diverging_job_leaves_the_group_and_the_others_go_on(tmp_path, tiny_data):
-    common = ["model=logreg", "num_rounds=8"]
+    common = ["model=logreg", "num_rounds=8", "engine.workers=1"]  # chunks one after another
     cfgs = [
         composed(tmp_path / "ok", tiny_data, *common),
         composed(tmp_path / "bad", tiny_data, *common, "strategy.server_lr=1e300"),
