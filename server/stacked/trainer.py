@@ -134,7 +134,7 @@ class GroupTrainer:
             self._cond.notify_all()
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def train(self, member: Any, grid: BatchedGrid, messages: list[Message]) -> None:
         """Hand in ``member``'s train messages of this round; returns once their replies are stored in ``grid``."""
