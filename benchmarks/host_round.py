@@ -44,8 +44,8 @@ PARTS = {  # cProfile's cumulative time of these functions, as shares of a lone 
 
 
 def _timed(out: Path, tag: str, args: argparse.Namespace, rounds: int, group: bool) -> float:
-    cfgs = jobs("host", out / tag, "stacked" if group else "batched", _ns(args.jobs, rounds), str(out / "tiny"),
-                str(out / "cache"))  # fmt: skip
+    ns = _ns(args.jobs, rounds, args.workers)
+    cfgs = jobs("host", out / tag, "stacked" if group else "batched", ns, str(out / "tiny"), str(out / "cache"))
     start = time.perf_counter()
     if group:
         outcomes = run_jobs(cfgs, share_chunks=True)
@@ -56,8 +56,8 @@ def _timed(out: Path, tag: str, args: argparse.Namespace, rounds: int, group: bo
     return time.perf_counter() - start
 
 
-def _ns(num_jobs: int, rounds: int) -> argparse.Namespace:
-    return argparse.Namespace(jobs=num_jobs, host_rounds=rounds)
+def _ns(num_jobs: int, rounds: int, workers: str = "auto") -> argparse.Namespace:
+    return argparse.Namespace(jobs=num_jobs, host_rounds=rounds, workers=workers)
 
 
 def per_round(out: Path, args: argparse.Namespace, group: bool, repeat: int) -> float:
@@ -69,7 +69,8 @@ def per_round(out: Path, args: argparse.Namespace, group: bool, repeat: int) -> 
 
 def profile_split(out: Path, args: argparse.Namespace) -> dict[str, float]:
     profile = cProfile.Profile()
-    cfg = jobs("host", out / "profiled", "batched", _ns(2, args.rounds), str(out / "tiny"), str(out / "cache"))[1]
+    ns = _ns(2, args.rounds, args.workers)
+    cfg = jobs("host", out / "profiled", "batched", ns, str(out / "tiny"), str(out / "cache"))[1]
     profile.enable()
     simulate(cfg)
     profile.disable()
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="run dirs (default: a temp dir)")
+    parser.add_argument("--workers", default="auto", help="engine.workers: a group's chunk threads on a CPU")
     args = parser.parse_args(argv)
     if args.jobs < 2 or args.rounds < 1 or args.repeats < 1:
         parser.error("--jobs must be >= 2, --rounds and --repeats >= 1")

@@ -42,10 +42,12 @@ def status(run_dir):
 def test_a_stacked_sweep_writes_lone_run_dirs_that_flower_report_reads(tmp_path, tiny_data):
     sweep = tmp_path / "sweep"
     proc = run_cli(
-        "flower-simulation", sweep_args(tiny_data, sweep, "num_rounds=3", "strategy=fedavgm,fedcm", "seed=0,1")
+        "flower-simulation",
+        sweep_args(tiny_data, sweep, "num_rounds=3", "strategy=fedavgm,fedcm", "seed=0,1", "engine.workers=2"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "4 jobs as one program on cpu (stacked clients, a chunk per job)" in proc.stdout + proc.stderr
+    how = "stacked clients, a chunk per job, 2 chunk threads"
+    assert f"4 jobs as one program on cpu ({how})" in proc.stdout + proc.stderr
     assert "round 3/3: 12 clients of 4 jobs in 4 chunks" in proc.stdout + proc.stderr  # the CPU default
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(jobs) == 4
