@@ -148,15 +148,7 @@ class Run:
         if start == 0:
             row0 = {"round": 0, **self.evaluator.metrics(self.arrays), "seconds": 0.0, "elapsed": 0.0}
             self.writer.append(row0)
-            num_rounds = self.num_rounds
-            log(
-                INFO,
-                "[round 0/%d] accuracy %.4f loss %.4f%s",
-                num_rounds,
-                row0["accuracy"],
-                row0["loss"],
-                _pop_text(row0),
-            )
+            self._log_round0(row0)
         return start
 
     def _log_round0(self, row0: dict[str, Any]) -> None:
