@@ -15,19 +15,15 @@ from server.stacked.trainer import GroupTrainer
 class JobGrid(BatchedGrid):
     """A :class:`BatchedGrid` (queries and evaluation messages answered as there) that trains through ``trainer``.
 
-    ``startup``: a lock the job holds from its start to its first training round, so that jobs set up one after
-    another (their initial models come from the global torch RNG seeded with each job's seed).
+    ``startup``: a lock the job holds from its start to its round-0 evaluation (or, resumed, its first training
+    round), so that jobs set up one after another (their initial models come from the global torch RNG seeded with
+    each job's seed).
     """
 
     def __init__(self, num_nodes: int, trainer: GroupTrainer, startup: threading.Lock, **kwargs: Any) -> None:
         super().__init__(num_nodes, **kwargs)
         self.trainer, self._startup = trainer, startup
         self._holds_startup = False
-
-    @property
-    def holds_startup(self) -> bool:
-        """Whether the job is still starting (it holds the group's start-up lock until its first training round)."""
-        return self._holds_startup
 
     def hold_startup(self) -> None:
         self._startup.acquire()

@@ -97,9 +97,10 @@ def plan(cfgs: Sequence[Mapping[str, Any]], max_jobs: int | None = None) -> tupl
 
 
 class SharedEvaluator:
-    """One :class:`server.run.evaluator.Evaluator` for the jobs that evaluate the same data. A job past its start
-    evaluates at the group's barrier (:meth:`GroupTrainer.evaluate`: the evaluations handed in before every job
-    waits are done in one pass where they share data); a job still starting (round 0) evaluates on its own."""
+    """One :class:`server.run.evaluator.Evaluator` for the jobs that evaluate the same data. A job evaluates at the
+    group's barrier (:meth:`GroupTrainer.evaluate`: the evaluations handed in before every job waits are done in one
+    pass where they share data); a job still starting first leaves the start-up lock (its initial model exists once
+    it evaluates round 0), so the next job can start while it waits."""
 
     def __init__(self, evaluator: Evaluator, trainer: GroupTrainer) -> None:
         self.evaluator, self.trainer, self.lock = evaluator, trainer, threading.Lock()
@@ -107,9 +108,10 @@ class SharedEvaluator:
     def metrics(self, arrays: Any) -> dict[str, float]:
         job = threading.current_thread()
         grid = job.grid if isinstance(job, _Job) else None
-        if grid is None or grid.holds_startup:
+        if grid is None:
             with self.lock:
                 return self.evaluator.metrics(arrays)
+        grid.release_startup()
         return self.trainer.evaluate(grid, self.evaluator, arrays, self.lock)
 
 

@@ -201,9 +201,9 @@ def test_a_checkpoint_passes_between_the_stacked_program_and_the_batched_engine(
 
 
 def test_population_evaluations_of_a_round_are_one_pass_and_equal_lone_runs_to_rounding(tmp_path, tiny_data):
-    """``pop_gap`` jobs (the convex study's columns) of two seeds: their evaluations of a round, the window means'
-    included, are done in one pass over the shared float64 data (4 models a pass). The pop_* columns equal the lone
-    runs' to float64 rounding; the final models and every other column are bitwise the lone runs'."""
+    """``pop_gap`` jobs (the convex study's columns) of two seeds: their evaluations of a round, round 0's and the
+    window means' included, are done in one pass over the shared float64 data (4 models a pass). The pop_* columns
+    equal the lone runs' to float64 rounding; the final models and every other column are bitwise the lone runs'."""
     common = ["model=logreg", "num_rounds=6", "eval_every=2", "eval_tail=0", "eval_average=2", "eval_train=true",
               "eval_gap=true", "client.weight_decay=1e-3", "client.augment=false"]  # fmt: skip
     jobs = {f"{name}_seed{seed}": [*CASES[name], f"seed={seed}"] for name in ("fedavg", "ghbm") for seed in (0, 1)}
@@ -212,7 +212,7 @@ def test_population_evaluations_of_a_round_are_one_pass_and_equal_lone_runs_to_r
         outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=True)
     assert [o.status for o in outcomes] == ["finished"] * len(jobs), [o.message for o in outcomes]
     passes = [line for line in lines if "evaluations in" in line]
-    assert passes == ["[stacked] 24 evaluations in 6 passes (those of a round together)"], passes
+    assert passes == ["[stacked] 28 evaluations in 7 passes (those of a round together)"], passes  # round 0's too
     for name, overrides in jobs.items():
         log = (tmp_path / "stacked" / name / "run.log").read_text()  # its own lines only, every round's
         assert [other for other in jobs if f"stacked/{other}:" in log] == [name] and "[round 6/6]" in log
