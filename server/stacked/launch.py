@@ -221,7 +221,7 @@ def run_group(
 
     share = device.type != "cpu" if share_chunks is None else bool(share_chunks)
     workers = first["engine"].get("workers", "auto")
-    workers = (available_cores() if workers == "auto" else int(workers)) if device.type == "cpu" else 1
+    workers = available_cores() if workers == "auto" else int(workers)
     trainer = GroupTrainer(device, chunk_size(first, device), on_round, share=share)
     startup = threading.Lock()
     evaluators = _Evaluators(trainer)
@@ -229,7 +229,8 @@ def run_group(
     stacked = grids[0].stacks(build_model(first["model"]["name"]))
     threads = int(first["client"].get("torch_threads", 0)) or (STACKED_CPU_THREADS if stacked else 0)
     threads = threads if device.type == "cpu" else 0
-    trainer.workers, trainer.threads = (workers, threads) if stacked else (1, 0)
+    if stacked:  # otherwise there are no chunks: each client is trained one after another by the ClientApp
+        trainer.use_threads(workers, threads)
     jobs = [_Job(i, r, g, evaluators, threads) for i, r, g in zip(indices, runs, grids)]
     for g in grids:
         trainer.join(g)

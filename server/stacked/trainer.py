@@ -90,9 +90,8 @@ class GroupTrainer:
         threads: int = 0,
     ) -> None:
         self.device, self.chunk_size, self.on_round, self.share = device, chunk_size, on_round, share
-        self.workers = max(1, int(workers)) if device.type == "cpu" else 1
-        self.threads = int(threads)
         self._pool: ThreadPoolExecutor | None = None
+        self.use_threads(workers, threads)
         self._cond = threading.Condition()
         self._members: set[Any] = set()
         self._pending: dict[Any, tuple[BatchedGrid, list[Message]]] = {}
@@ -105,6 +104,12 @@ class GroupTrainer:
         self.turn = threading.Lock()  # held by the one job thread that runs (see :meth:`run_turn`)
         self.evaluations = 0  # models evaluated at the barrier
         self.evaluation_passes = 0  # times the barrier evaluated the models handed in
+
+    def use_threads(self, workers: int, threads: int) -> None:
+        """``workers`` chunk threads of ``threads`` torch threads each (0: as set); one chunk at a time off a CPU.
+        Set before the first round."""
+        self.workers = max(1, int(workers)) if self.device.type == "cpu" else 1
+        self.threads = int(threads)
 
     @contextlib.contextmanager
     def run_turn(self) -> Iterator[None]:
