@@ -184,6 +184,6 @@ def population_values(objs: Sequence[PopulationObjective], ws: Sequence[np.ndarr
         parts = [o.split(w) for o, w in group]
         z = torch.addmm(torch.cat([b for _, b in parts]), x, torch.cat([wt for wt, _ in parts]).T)
         for j, (o, w) in enumerate(group):
-            zj = z[:, j * o.num_classes : (j + 1) * o.num_classes]
+            zj = z[:, j * o.num_classes : (j + 1) * o.num_classes].contiguous()  # argmax of a strided view: slower
             out.append((o._value(torch.log_softmax(zj, dim=1), w), o._accuracy(zj)))
     return out

@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord
 from client.data import Dataset
 from client.datasets import NaturalData
 from client.examples import ImageExamples
+from client.linear import is_linear
 from client.models import build_model
 from client.train import evaluate_examples, get_device, load_arrays
 from server.run.partitions import client_partitions
@@ -37,10 +38,12 @@ MEMO_BYTES = 256 << 20  # the most memory the test set's prepared batches may ta
 
 class PreparedBatches:
     """``examples`` whose un-augmented batches are prepared once and kept (the test set: the same batches at every
-    evaluation, each the tensors :meth:`batch` made the first time), up to :data:`MEMO_BYTES`."""
+    evaluation, each the tensors :meth:`batch` made the first time), up to :data:`MEMO_BYTES`. ``contiguous``: the
+    inputs in row-major layout, so a model that flattens them (logistic regression) reads them without a copy at each
+    evaluation (the same values; convolutions keep the layout the images come in)."""
 
-    def __init__(self, examples: Any) -> None:
-        self.examples, self.kept, self.bytes = examples, {}, 0
+    def __init__(self, examples: Any, contiguous: bool = False) -> None:
+        self.examples, self.kept, self.bytes, self.contiguous = examples, {}, 0, contiguous
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -53,6 +56,7 @@ class PreparedBatches:
         if generator is None and key in self.kept:
             return self.kept[key]
         inputs, targets = self.examples.batch(idx, device, generator)
+        inputs = inputs.contiguous() if self.contiguous else inputs
         size = inputs.numel() * inputs.element_size() + targets.numel() * targets.element_size()
         if generator is None and self.bytes + size <= MEMO_BYTES:
             self.kept[key], self.bytes = (inputs, targets), self.bytes + size
@@ -73,7 +77,7 @@ class Evaluator:
         self.model = build_model(cfg["model"]["name"], ds.num_classes).to(get_device())
         self.max_examples = int(cfg.get("eval_max_examples", 0))
         test, clients = evaluation_examples(cfg, ds)
-        self.test = PreparedBatches(test)
+        self.test = PreparedBatches(test, contiguous=is_linear(self.model))
         self.partitions = clients if cfg.get("eval_train") else None
         train_max = int(cfg.get("eval_train_max_examples", 0))
         self.per_client_max = max(1, -(-train_max // int(cfg["num_clients"]))) if train_max > 0 else 0
