@@ -57,9 +57,11 @@ class ClientInput:
     momentum_term: Mapping[str, Any] | Sequence[Any] | None = None
     anchor: Mapping[str, Any] | Sequence[Any] | None = None
     key: Any = None  # identifies x across rounds (e.g. dataset and partition): its float tensors are cached
+    rows: np.ndarray | None = None  # the client's images are x[rows]: x is the split its clients share (one float copy)
 
 
 CACHE_BYTES = 2 << 30  # the most memory the per-client float copies of the data may take
+CONVERT_ROWS = 4096  # images converted to float at once
 _CACHE: dict[tuple, torch.Tensor] = {}
 _CACHE_LOCK = threading.Lock()  # chunks may be built side by side (a stacked group's threads)
 
@@ -92,8 +94,24 @@ def _images(
 def _float_images(
     c: ClientInput, mean: Sequence[float], std: Sequence[float], device: torch.device, normalised: bool
 ) -> torch.Tensor:
-    x = to_tensor(c.x() if callable(c.x) else c.x, device).contiguous()
-    return normalise(x, mean, std) if normalised else x
+    images = c.x() if callable(c.x) else c.x
+    out = None
+    for start in range(0, max(len(images), 1), CONVERT_ROWS):  # a whole split: a part at a time
+        x = to_tensor(np.array(images[start : start + CONVERT_ROWS]), device).contiguous()  # a writable copy
+        x = normalise(x, mean, std) if normalised else x
+        if len(images) <= CONVERT_ROWS:
+            return x
+        if out is None:
+            out = torch.empty((len(images), *x.shape[1:]), dtype=x.dtype, device=device)
+        out[start : start + len(x)] = x
+    return out
+
+
+def shares_split(images: Any, budget: int = CACHE_BYTES // 2) -> bool:
+    """Whether clients whose images are rows of ``images`` (n, H, W, C) uint8 may use one float copy of all of it
+    (:attr:`ClientInput.rows`): it fits in ``budget`` bytes (half the cache: room for the normalised copy that
+    augmentation adds)."""
+    return int(np.prod(np.shape(images))) * 4 <= budget
 
 
 def can_stack(model: nn.Module) -> bool:
@@ -183,6 +201,7 @@ class Chunk:
                 device=device,
             )
         self.y = [torch.from_numpy(np.asarray(c.y, dtype=np.int64)).to(device) for c in clients]
+        self.rows = [None if c.rows is None else np.asarray(c.rows, dtype=np.int64) for c in clients]
         self.mean, self.std = mean, std
         self.images = [_images(c, mean, std, device, normalised=not self.cfg.augment) for c in clients]
         self.plain = (
@@ -207,9 +226,13 @@ class Chunk:
             momentum = self.steps_t.reciprocal() * momentum
         return lr, momentum
 
+    def source_rows(self, i: int, rows: np.ndarray) -> torch.Tensor:
+        """Client ``i``'s ``rows`` as rows of its float images (of the shared split, with :attr:`ClientInput.rows`)."""
+        return torch.from_numpy(rows if self.rows[i] is None else self.rows[i][rows]).to(self.device)
+
     def batch(self, i: int, rows: np.ndarray, augment: bool) -> torch.Tensor:
         """Model input of client ``i``'s ``rows``: ``prepare_batch`` (augmented with its generator when asked)."""
-        idx = torch.from_numpy(rows).to(self.device)
+        idx = self.source_rows(i, rows)
         if not augment:
             return torch.index_select(self.plain[i], 0, idx)  # = plain[i][idx], without advanced indexing's cost
         return normalise(random_crop_flip(self.images[i][idx], self.generators[i]), self.mean, self.std)
@@ -271,14 +294,15 @@ class Chunk:
             [[len(b)] for b in batches], device=self.device
         )
         for j, (i, b) in enumerate(zip(active, batches)):  # a smaller batch is padded with copies of its first row
-            padded = torch.from_numpy(np.concatenate([b, np.full(width - len(b), b[0])]) if len(b) < width else b)
-            padded = padded.to(self.device)
+            picked = np.concatenate([b, np.full(width - len(b), b[0])]) if len(b) < width else b
+            padded = torch.from_numpy(picked).to(self.device)
             if self.cfg.augment:
                 x = self.batch(i, b, True)
                 xs[j, : len(b)] = x
                 xs[j, len(b) :] = x[:1]
             else:
-                torch.index_select(self.plain[i], 0, padded, out=xs[j])
+                source = padded if self.rows[i] is None else self.source_rows(i, picked)
+                torch.index_select(self.plain[i], 0, source, out=xs[j])
             torch.index_select(self.y[i], 0, padded, out=ys[j])
         rows = None if len(active) == len(self.clients) else torch.tensor(active, device=self.device)
         params = {k: _take(v, rows) for k, v in self.params.items()}  # every client active: no copy

@@ -58,7 +58,8 @@ class ImageExamples(_ClassificationLoss):
     """uint8 images (n, H, W, C) and labels; normalised per channel, augmented when ``augment``.
 
     With ``rows``, the images are ``x[rows]``, read on first use of :attr:`x`: a client of the batched engine whose
-    float copy is already cached (``client.stacked``) never reads them again.
+    float copy is already cached (``client.stacked``) never reads them again; :attr:`source` and :attr:`rows` keep
+    the whole array and the rows (the stacked step's clients share one float copy of the split).
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class ImageExamples(_ClassificationLoss):
         rows: np.ndarray | None = None,
     ) -> None:
         self._x, self._rows = x, rows
+        self.source, self.rows = x, rows
         self.y, self.mean, self.std, self.augment = y, mean, std, augment
 
     @property

@@ -65,7 +65,7 @@ class LinearChunk(Chunk):
             for i, (c, gen, steps) in enumerate(zip(self.clients, self.generators, self.steps)):
                 idx = loss_before_indices(len(c.y), self.cfg.batch_size, steps, self.cfg.loss_before_batches, gen)
                 rows = np.arange(len(c.y)) if idx is None else idx
-                x = self.plain[i] if idx is None else self.batch(i, idx, augment=False)
+                x = self.plain[i] if idx is None and self.rows[i] is None else self.batch(i, rows, augment=False)
                 target = (
                     self.y[i]
                     if idx is None

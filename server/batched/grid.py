@@ -35,6 +35,7 @@ from flwr.serverapp import Grid
 
 from client import app as client_app
 from client import config as C
+from client.chunk import shares_split
 from client.examples import ImageExamples
 from client.models import build_model
 from client.stacked import ClientInput, can_stack, stacked_local_train
@@ -247,17 +248,7 @@ def stacked_results(
     training raised. Touches no grid, so chunks may be computed side by side; ``model``: the architecture object to
     use (a thread's own copy when chunks run side by side: a functional call sets its module's parameters)."""
     first = chunk[0][2]
-    inputs = [
-        ClientInput(
-            lambda examples=job.examples: examples.x,
-            job.examples.y,
-            job.train_cfg,
-            job.initial,
-            **job.extra,
-            key=_data_key(job),
-        )
-        for _, _, job in chunk
-    ]
+    inputs = [_client_input(job) for _, _, job in chunk]
     try:
         return stacked_local_train(model or first.model, inputs, first.examples.mean, first.examples.std, device)
     except Exception:
@@ -285,17 +276,21 @@ def store_stacked(chunk: list[StackedEntry], results: list[TrainResult] | str) -
         )
 
 
-def _data_key(job: client_app.TrainJob) -> tuple:
-    """What identifies a client's training data across rounds: the dataset and its partition."""
-    cfg = job.cfg
-    return (
-        cfg[C.DATASET],
-        str(cfg[C.DATA_ROOT]),
-        int(cfg[C.NUM_PARTITIONS]),
-        str(cfg[C.ALPHA]),
-        int(cfg[C.PARTITION_SEED]),
-        job.train_cfg.partition_id,
-    )
+def _client_input(job: client_app.TrainJob) -> ClientInput:
+    """A client of a stacked chunk. A client whose images are rows of the dataset's training split (a partition of
+    CIFAR-10) uses one float copy of the whole split, shared by every partition, partitioning and job of the
+    process (while it fits half the cache), instead of a float copy of its own."""
+    examples, cfg = job.examples, job.cfg
+    dataset = (cfg[C.DATASET], str(cfg[C.DATA_ROOT]), str(cfg[C.CACHE_DIR]))
+    rows = getattr(examples, "rows", None)
+    if rows is not None and shares_split(examples.source):
+        x, key = (lambda: examples.source), (*dataset, "train")
+    else:
+        rows = None
+        x = lambda: examples.x  # noqa: E731 - read only on a cache miss
+        key = (*dataset, int(cfg[C.NUM_PARTITIONS]), str(cfg[C.ALPHA]), int(cfg[C.PARTITION_SEED]))
+        key += (job.train_cfg.partition_id,)
+    return ClientInput(x, examples.y, job.train_cfg, job.initial, **job.extra, key=key, rows=rows)
 
 
 @functools.lru_cache(maxsize=8)

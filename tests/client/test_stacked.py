@@ -7,6 +7,7 @@ import torch
 from checks.engine_cases import MEAN, STD, stacked_clients, train_one_by_one
 from client.models import build_model
 from client.stacked import can_stack, stacked_local_train
+from client.train import TRAIN_TIME
 
 # max |diff| / max |expected| per array in float32, after at most 3 steps. Logistic regression (smooth): sums in
 # another order, measured <= 1.6e-6 over 50 data seeds. The CNN: ReLU and max-pool turn a rounding difference that
@@ -132,6 +133,38 @@ def test_a_cached_client_does_not_read_its_images_again():
             assert torch.equal(e.arrays[k], f.arrays[k]) and torch.equal(e.arrays[k], a.arrays[k]), k
     examples = ImageExamples(source, clients[0].y, MEAN, STD, False, rows=np.array([2, 0]))
     assert np.array_equal(examples.x, source[[2, 0]]) and examples.x is examples.x  # read once, then kept
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_clients_that_are_rows_of_one_split_share_its_float_copy_and_train_as_with_their_own(monkeypatch, augment):
+    """Clients whose images are rows of one array (``ClientInput.rows``: partitions of a split, in any order and
+    under any partitioning) share one cached float copy of it, converted a part at a time, and train bitwise as
+    with float copies of their own."""
+    import dataclasses
+
+    import client.chunk as chunk
+
+    chunk.clear_cache()
+    monkeypatch.setattr(chunk, "CONVERT_ROWS", 7)  # the split converted in several parts
+    model = build_model("logreg")
+    clients = stacked_clients("ghbm", model, np.random.default_rng(2), augment=augment)
+    order = np.random.default_rng(3).permutation(sum(len(c.y) for c in clients))
+    source = np.empty((len(order), *clients[0].x.shape[1:]), np.uint8)
+    starts = np.cumsum([0] + [len(c.y) for c in clients])
+    rows = [order[starts[i] : starts[i + 1]] for i in range(len(clients))]
+    for c, r in zip(clients, rows):
+        source[r] = c.x
+    shared = [dataclasses.replace(c, x=source, key="split", rows=r) for c, r in zip(clients, rows)]
+    expected = stacked_local_train(model, clients, MEAN, STD, torch.device("cpu"))
+    got = stacked_local_train(model, shared, MEAN, STD, torch.device("cpu"))
+    assert len(chunk._CACHE) == (2 if augment else 1)  # the split's one copy (and its normalised one, to augment)
+    for e, g in zip(expected, got):
+        assert {k: v for k, v in e.metrics.items() if k != TRAIN_TIME} == {
+            k: v for k, v in g.metrics.items() if k != TRAIN_TIME
+        }
+        for k in e.arrays:
+            assert torch.equal(e.arrays[k], g.arrays[k]), k
+    assert chunk.shares_split(source) and not chunk.shares_split(source, budget=source.size * 4 - 1)
 
 
 @pytest.mark.parametrize("augment", [False, True])
