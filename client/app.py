@@ -112,7 +112,7 @@ class TrainJob:
 
     cfg: dict[str, Any]
     ds: Dataset | NaturalData
-    model: torch.nn.Module  # the process's model object, holding the received weights
+    model: torch.nn.Module  # the process's model object, holding the received weights (prepared with ``load``)
     examples: Examples  # the client's training examples (client.examples)
     train_cfg: TrainConfig
     extra: dict[str, Any]
@@ -129,11 +129,17 @@ def prepare_train(
     correction: Arrays | None = None,
     node_config: Mapping[str, Any] | None = None,
     momentum_term: Arrays | None = None,
+    load: bool = True,
 ) -> TrainJob:
-    """Resolve a train request into a :class:`TrainJob`; LocalGHBM and FedHBM read their node-local state here."""
+    """Resolve a train request into a :class:`TrainJob`; LocalGHBM and FedHBM read their node-local state here.
+    ``load``: the received arrays are loaded into the model object (not needed by stacked training, which takes
+    them from ``initial`` and the model for its architecture only; their names and shapes are checked either way)."""
     cfg, ds, model = _prepare(config, partition_id, node_config)
     received = _to_named_arrays(arrays)
-    load_arrays(model, received)
+    if load:
+        load_arrays(model, received)
+    else:
+        as_named(model.state_dict(), received, "model arrays")
     train_cfg = C.train_config(cfg, partition_id)
     job = TrainJob(
         cfg,

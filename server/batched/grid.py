@@ -189,7 +189,8 @@ class BatchedGrid(Grid):
             try:
                 if context is None:
                     raise KeyError(msg.metadata.dst_node_id)
-                entries.append((self, msg, client_app.prepare_train(**client_app.train_request(msg, context))))
+                request = client_app.train_request(msg, context)
+                entries.append((self, msg, client_app.prepare_train(**request, load=False)))
             except Exception:  # unknown node or a request the client refuses: its handler answers with the error
                 self._store(msg, self._call(msg, client_app.train))
         if not all(isinstance(job.examples, ImageExamples) for _, _, job in entries):  # stacked: image tasks only

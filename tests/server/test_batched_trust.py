@@ -167,3 +167,49 @@ def test_engine_device_is_set_for_the_run_and_restored_after(tiny_data, tmp_path
     assert engine.os.environ[DEVICE_ENV] == "meta"
     monkeypatch.delenv(DEVICE_ENV)
     train.get_device.cache_clear()
+
+
+def test_a_train_request_whose_arrays_the_model_cannot_take_gets_an_error_reply_and_the_others_train(
+    tiny_data, monkeypatch
+):
+    """The stacked path checks each request's arrays against the model (names, shapes) as the ClientApp does: a
+    request the client refuses is answered by its handler with an error reply, and the round's other clients still
+    train stacked (not one by one after a failed chunk)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
+
+    from client import app as client_app
+    from client import config as C
+    from client.models import build_model
+    from strategies import protocol as P
+
+    state = build_model("logreg").state_dict()
+    good = ArrayRecord({k: Array(v.numpy()) for k, v in state.items()})
+    bad = ArrayRecord({k: Array(np.zeros((3, *v.shape[1:]), np.float32)) for k, v in state.items()})
+    config = ConfigRecord(
+        {
+            C.DATASET: "cifar10_folder",
+            C.DATA_ROOT: str(tiny_data["tarball"]),
+            C.CACHE_DIR: str(tiny_data["cache"]),
+            C.MODEL: "logreg",
+            C.NUM_PARTITIONS: 3,
+            C.BATCH_SIZE: 8,
+            P.ALGORITHM: "fedavgm",
+            P.CLIENT_LR: 0.05,
+            P.LOCAL_EPOCHS: 1,
+            P.SERVER_ROUND: 1,
+        }  # fmt: skip
+    )
+    handled = []
+    handler = client_app.train
+    monkeypatch.setattr(client_app, "train", lambda m, c: handled.append(m.metadata.dst_node_id) or handler(m, c))
+    grid = BatchedGrid(3, vectorize=True)
+    messages = [
+        grid.create_message(RecordDict({P.ARRAYS: arrays, P.CONFIG: config}), MessageType.TRAIN, NODE_BASE + p, "1")
+        for p, arrays in enumerate([good, bad, good])
+    ]
+    by_id = {r.metadata.reply_to_message_id: r for r in grid.send_and_receive(messages)}
+    replies = [by_id[m.metadata.message_id] for m in messages]
+    assert replies[1].has_error() and "has shape (3, 3072), model has (10, 3072)" in replies[1].error.reason
+    assert not replies[0].has_error() and not replies[2].has_error() and grid.stacked_rounds == 1
+    assert handled == [NODE_BASE + 1]  # only the refused request went to its handler
+    assert replies[0].content[P.METRICS][P.NUM_STEPS] > 0
