@@ -12,6 +12,9 @@ Two settings:
     python -m benchmarks.stacked_sweep --out /tmp/stacked-bench                     # host setting only
     python -m benchmarks.stacked_sweep --data cifar10.tar.gz --rounds 100 --out /tmp/stacked-bench
 
+``--lone-at-once K`` runs the baseline's lone runs K at a time in spawned processes, each with
+``client.torch_threads=1`` (what ``studies/convex_study.py --jobs 2`` does on 2 cores) instead of one after another.
+
 Prints, per setting: seconds of each mode, job-rounds/s, the ratio, and host µs per job-round (host setting).
 """
 
@@ -20,8 +23,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import multiprocessing
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +93,13 @@ def measure(setting: str, out: Path, args: argparse.Namespace, data: str, cache:
     for mode in ("batched", "stacked"):
         cfgs = jobs(setting, out, mode, args, data, cache)
         start = time.perf_counter()
-        if mode == "batched":
+        if mode == "batched" and args.lone_at_once > 1:
+            for cfg in cfgs:
+                cfg["client"]["torch_threads"] = 1
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(args.lone_at_once, mp_context=context) as pool:
+                list(pool.map(simulate, cfgs))
+        elif mode == "batched":
             for cfg in cfgs:
                 simulate(copy.deepcopy(cfg))
         else:
@@ -103,6 +114,7 @@ def measure(setting: str, out: Path, args: argparse.Namespace, data: str, cache:
         "rounds": rounds,
         "seconds": seconds,
         "job_rounds_per_s": {m: job_rounds / s for m, s in seconds.items()},
+        "lone_at_once": args.lone_at_once,
         "speedup": seconds["batched"] / seconds["stacked"],
         "us_per_job_round": {m: 1e6 * s / job_rounds for m, s in seconds.items()},
     }
@@ -124,9 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--workers", default="auto", help="engine.workers: a group's chunk threads on a CPU")
     parser.add_argument("--skip-host", action="store_true", help="only the convex setting")
+    parser.add_argument("--lone-at-once", type=int, default=1, help="the baseline's lone runs at once (processes)")
     args = parser.parse_args(argv)
-    if args.jobs < 1 or args.rounds < 1 or args.host_rounds < 1:
-        parser.error("--jobs, --rounds and --host-rounds must be >= 1")
+    if min(args.jobs, args.rounds, args.host_rounds, args.lone_at_once) < 1:
+        parser.error("--jobs, --rounds, --host-rounds and --lone-at-once must be >= 1")
     out = args.out or Path(tempfile.mkdtemp(prefix="stacked-bench-"))
     from tools.datagen import make_image_folder  # generated data of the host setting
 
