@@ -15,7 +15,8 @@ resolved by :func:`client.app.train_request` and answered by :func:`client.app.t
   actors do, without Ray: :mod:`server.batched.workers`).
 
 A client that raises gets an error reply (the strategy counts it in ``num_failures``), as in Flower; a stacked
-chunk that raises is retried one client at a time, so one bad client cannot fail its chunk.
+chunk that raises is retried one client at a time, so one bad client cannot fail its chunk. A chunk that runs out of
+the device's memory is trained again in halves (:mod:`server.batched.memory`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from client.examples import ImageExamples
 from client.models import build_model
 from client.stacked import ClientInput, can_stack, stacked_local_train
 from client.train import TrainResult
+from server.batched.memory import OutOfMemory, does_not_fit, is_out_of_memory, release, smaller_chunks
 from server.batched.workers import WorkerPool
 from server.internals.flower_grid import SUPERLINK_NODE_ID, ErrorCode, set_message_id, set_task_identity
 from strategies import protocol as P
@@ -89,6 +91,7 @@ class BatchedGrid(Grid):
         self._round_started: float | None = None
         self._next_report = 0.0
         self.stacked_rounds = 0  # rounds whose clients were trained stacked (for tests and benchmarks)
+        self.unfit: Exception | None = None  # a client of this round that does not fit the device's memory alone
 
     # ------------------------------------------------------------------ Grid API
     def set_run(self, run: Any) -> None:
@@ -168,11 +171,20 @@ class BatchedGrid(Grid):
         if entries is None:
             return
         size = self.chunk_size or max(len(entries), 1)
+        sizes: list[list[tuple[int, bool]]] = []
         for start in range(0, len(entries), size):
-            train_stacked(entries[start : start + size], self.device)
+            sizes.append(store_fitted(fitting_results(entries[start : start + size], self.device)))
             self._progress(min(start + size, len(entries)), len(entries))
+        self.chunk_size = smaller_chunks(self.chunk_size, sizes, self.device)
         self._round_started = None
         self.stacked_rounds += 1
+        self.raise_unfit()
+
+    def raise_unfit(self) -> None:
+        """Raise :class:`~server.batched.memory.ClientDoesNotFit` when a client of this round did not fit alone."""
+        if self.unfit is not None:
+            err, self.unfit = self.unfit, None
+            raise err
 
     def prepare_stacked(self, messages: list[Message]) -> list[StackedEntry] | None:
         """The round's train messages resolved for stacked training: (this grid, message, job) each. None when the
@@ -236,29 +248,56 @@ class BatchedGrid(Grid):
             self._next_report += self.report_every
 
 
-def train_stacked(chunk: list[StackedEntry], device: torch.device) -> None:
-    """Train ``chunk`` stacked and store each reply in its grid; if that raises, each client through its own handler
-    instead. The entries may come from several grids (the jobs of a stacked sweep) that share the round's settings."""
-    store_stacked(chunk, stacked_results(chunk, device))
+Results = list[TrainResult] | str | OutOfMemory
 
 
-def stacked_results(
-    chunk: list[StackedEntry], device: torch.device, model: torch.nn.Module | None = None
-) -> list[TrainResult] | str:
-    """The computation of :func:`train_stacked`: each client's result, or the traceback's text when the stacked
-    training raised. Touches no grid, so chunks may be computed side by side; ``model``: the architecture object to
-    use (a thread's own copy when chunks run side by side: a functional call sets its module's parameters)."""
+def stacked_results(chunk: list[StackedEntry], device: torch.device, model: torch.nn.Module | None = None) -> Results:
+    """Each client's result of training ``chunk`` stacked; the traceback's text when that raised, or
+    :class:`~server.batched.memory.OutOfMemory` when it ran out of memory. The entries may come from several grids
+    (the jobs of a stacked sweep) that share the round's settings. Touches no grid, so chunks may be computed side by
+    side; ``model``: the architecture object to use (a thread's own copy when chunks run side by side: a functional
+    call sets its module's parameters)."""
     first = chunk[0][2]
     inputs = [_client_input(job) for _, _, job in chunk]
     try:
         return stacked_local_train(model or first.model, inputs, first.examples.mean, first.examples.std, device)
-    except Exception:
+    except Exception as err:
+        if is_out_of_memory(err):
+            return OutOfMemory(len(chunk), str(err).strip().splitlines()[0][:200])
         return traceback.format_exc(limit=3)
 
 
-def store_stacked(chunk: list[StackedEntry], results: list[TrainResult] | str) -> None:
+def fitting_results(
+    chunk: list[StackedEntry], device: torch.device, model: torch.nn.Module | None = None
+) -> list[tuple[list[StackedEntry], Results]]:
+    """(part, :func:`stacked_results`) of ``chunk`` whole, or of its halves, recursively, while a part runs out of
+    memory (each client's computation is its own: its results do not depend on its chunk). A client that does not fit
+    alone stays an :class:`~server.batched.memory.OutOfMemory`."""
+    results = stacked_results(chunk, device, model)
+    if not isinstance(results, OutOfMemory) or len(chunk) == 1:
+        return [(chunk, results)]
+    release(device)
+    half = (len(chunk) + 1) // 2
+    log(WARNING, "[batched] a stacked chunk of %d clients ran out of %s memory (%s); training it in chunks of %d",
+        len(chunk), device, results.error, half)  # fmt: skip
+    return fitting_results(chunk[:half], device, model) + fitting_results(chunk[half:], device, model)
+
+
+def store_fitted(parts: list[tuple[list[StackedEntry], Results]]) -> list[tuple[int, bool]]:
+    """:func:`store_stacked` of every part; their (clients, fit)."""
+    for part, results in parts:
+        store_stacked(part, results)
+    return [(len(part), not isinstance(results, OutOfMemory)) for part, results in parts]
+
+
+def store_stacked(chunk: list[StackedEntry], results: Results) -> None:
     """Each client's reply from :func:`stacked_results` stored in its grid; after a failed chunk (the traceback's
-    text), each client trained through its own handler instead."""
+    text), each client trained through its own handler instead; a client that does not fit alone is its grid's
+    :attr:`BatchedGrid.unfit` (the run, or its job, fails)."""
+    if isinstance(results, OutOfMemory):
+        for grid, _, job in chunk:
+            grid.unfit = does_not_fit(str(job.cfg[C.MODEL]), job.train_cfg.batch_size, grid.device, results.error)
+        return
     if isinstance(results, str):
         log(WARNING, "[batched] a stacked chunk of %d clients raised; training them one by one:\n%s", len(chunk),
             results)  # fmt: skip

@@ -32,6 +32,7 @@ from server.report.metrics import MetricsWriter, plot_run
 from server.run import checkpoint, console, strategy_factory
 from server.run.config import RunConfig
 from server.run.data import server_dataset, train_size
+from server.run.errors import ConfigError
 from server.run.evaluator import Evaluator
 from server.run.messages import train_record
 from server.run.partitions import save_partition_summary
@@ -166,7 +167,11 @@ class Run:
         except NoNodesError as err:
             write_status(self.run_dir, "failed", rnd - 1, str(err))
             raise
-        replies = list(grid.send_and_receive(messages, timeout=self.config.round_timeout)) if messages else []
+        try:
+            replies = list(grid.send_and_receive(messages, timeout=self.config.round_timeout)) if messages else []
+        except ConfigError as err:  # e.g. one client does not fit the device's memory
+            write_status(self.run_dir, "failed", rnd - 1, f"invalid configuration: {err}")
+            raise
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         manager = getattr(strategy, "client_manager", None)
         if manager is not None and metrics is not None:  # silent nodes, query answers that came in meanwhile

@@ -38,3 +38,4 @@ class JobGrid(BatchedGrid):
         self.release_startup()
         self.trainer.train(self, self, messages)
         self.stacked_rounds += 1
+        self.raise_unfit()  # this job's client did not fit alone: this job fails, the group goes on

@@ -33,7 +33,8 @@ import torch
 from flwr.app import Message
 
 from client.chunk import SHARED_FIELDS
-from server.batched.grid import BatchedGrid, StackedEntry, stacked_results, store_stacked
+from server.batched.grid import BatchedGrid, StackedEntry, fitting_results, store_fitted
+from server.batched.memory import smaller_chunks
 from server.run.evaluator import Evaluator, metrics_of_many
 
 
@@ -220,8 +221,10 @@ class GroupTrainer:
             for chunk_entries in groups.values():
                 size = self.chunk_size or len(chunk_entries)
                 chunks += [chunk_entries[start : start + size] for start in range(0, len(chunk_entries), size)]
-            for chunk, results in zip(chunks, self._compute(chunks)):
-                store_stacked(chunk, results)
+            sizes: list[list[tuple[int, bool]]] = []
+            for parts in self._compute(chunks):
+                sizes.append(store_fitted(parts))
+            self.chunk_size = smaller_chunks(self.chunk_size, sizes, self.device)
             self.rounds += 1
             self.chunks += len(chunks)
             if self.on_round is not None and entries:
@@ -232,13 +235,13 @@ class GroupTrainer:
         self._cond.notify_all()
 
     def _compute(self, chunks: list[list[StackedEntry]]) -> Iterator[Any]:
-        """Each chunk's :func:`~server.batched.grid.stacked_results`, in order: on ``workers`` threads side by side
+        """Each chunk's :func:`~server.batched.grid.fitting_results`, in order: on ``workers`` threads side by side
         when there are several chunks."""
         if self.workers == 1 or len(chunks) == 1:
-            return (stacked_results(c, self.device) for c in chunks)
+            return (fitting_results(c, self.device) for c in chunks)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="stacked-chunks", initializer=self._init)
-        return self._pool.map(lambda c: stacked_results(c, self.device, _own_model(c[0][2].model)), chunks)
+        return self._pool.map(lambda c: fitting_results(c, self.device, _own_model(c[0][2].model)), chunks)
 
     def _init(self) -> None:
         if self.threads:
