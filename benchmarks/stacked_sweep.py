@@ -11,9 +11,12 @@ Two settings:
 
     python -m benchmarks.stacked_sweep --out /tmp/stacked-bench                     # host setting only
     python -m benchmarks.stacked_sweep --data cifar10.tar.gz --rounds 100 --out /tmp/stacked-bench
+    python -m benchmarks.stacked_sweep --data cifar10.tar.gz --skip-host --processes 1 2
 
 ``--lone-at-once K`` runs the baseline's lone runs K at a time in spawned processes, each with
 ``client.torch_threads=1`` (what ``studies/convex_study.py --jobs 2`` does on 2 cores) instead of one after another.
+``--processes 1 2`` runs the stacked mode once per value of ``hydra.launcher.processes`` (programs side by side in
+worker processes), each against the same baseline.
 
 Prints, per setting: seconds of each mode, job-rounds/s, the ratio, and host µs per job-round (host setting).
 """
@@ -90,7 +93,8 @@ def jobs(setting: str, out: Path, mode: str, args: argparse.Namespace, data: str
 def measure(setting: str, out: Path, args: argparse.Namespace, data: str, cache: str) -> dict[str, Any]:
     rounds = args.host_rounds if setting == "host" else args.rounds
     seconds = {}
-    for mode in ("batched", "stacked"):
+    modes = ["batched", *(f"stacked_p{p}" if p > 1 else "stacked" for p in args.processes)]
+    for mode, processes in zip(modes, [1, *args.processes]):
         cfgs = jobs(setting, out, mode, args, data, cache)
         start = time.perf_counter()
         if mode == "batched" and args.lone_at_once > 1:
@@ -104,7 +108,7 @@ def measure(setting: str, out: Path, args: argparse.Namespace, data: str, cache:
                 simulate(copy.deepcopy(cfg))
         else:
             share = {"auto": None, "true": True, "false": False}[args.share_chunks]
-            outcomes = run_jobs(cfgs, share_chunks=share)
+            outcomes = run_jobs(cfgs, share_chunks=share, processes=processes)
             assert all(o.status == "finished" for o in outcomes), [o.message for o in outcomes]
         seconds[mode] = time.perf_counter() - start
     job_rounds = args.jobs * rounds
@@ -115,7 +119,7 @@ def measure(setting: str, out: Path, args: argparse.Namespace, data: str, cache:
         "seconds": seconds,
         "job_rounds_per_s": {m: job_rounds / s for m, s in seconds.items()},
         "lone_at_once": args.lone_at_once,
-        "speedup": seconds["batched"] / seconds["stacked"],
+        "speedup": {m: seconds["batched"] / s for m, s in seconds.items() if m != "batched"},
         "us_per_job_round": {m: 1e6 * s / job_rounds for m, s in seconds.items()},
     }
     print(json.dumps(result, indent=1), flush=True)
@@ -137,9 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", default="auto", help="engine.workers: a group's chunk threads on a CPU")
     parser.add_argument("--skip-host", action="store_true", help="only the convex setting")
     parser.add_argument("--lone-at-once", type=int, default=1, help="the baseline's lone runs at once (processes)")
+    parser.add_argument(
+        "--processes", type=int, nargs="+", default=[1], help="hydra.launcher.processes: the stacked mode once each"
+    )
     args = parser.parse_args(argv)
-    if min(args.jobs, args.rounds, args.host_rounds, args.lone_at_once) < 1:
-        parser.error("--jobs, --rounds, --host-rounds and --lone-at-once must be >= 1")
+    if min(args.jobs, args.rounds, args.host_rounds, args.lone_at_once, *args.processes) < 1:
+        parser.error("--jobs, --rounds, --host-rounds, --lone-at-once and --processes must be >= 1")
     out = args.out or Path(tempfile.mkdtemp(prefix="stacked-bench-"))
     from tools.datagen import make_image_folder  # generated data of the host setting
 

@@ -9,6 +9,7 @@ program, each with the run directory a lone run writes.
     flower-simulation -m hydra/launcher=stacked hydra.launcher.max_jobs=8 ...   # at most 8 jobs in one program
     flower-simulation -m hydra/launcher=stacked hydra.launcher.require_stacked=true ...  # exit 2 if any job can't
     flower-simulation -m hydra/launcher=stacked hydra.launcher.share_chunks=true ...  # jobs share chunks on a CPU too
+    flower-simulation -m hydra/launcher=stacked hydra.launcher.processes=2 ...  # 2 programs side by side
 """
 
 import logging
@@ -37,6 +38,7 @@ class StackedLauncherConf:
     max_jobs: Optional[int] = None  # noqa: UP045 (OmegaConf reads it) the most jobs in one program; null: a group
     # clients of different jobs in one chunk; null: on an accelerator, not on a CPU (a chunk per job)
     share_chunks: Optional[bool] = None  # noqa: UP045
+    processes: int = 1  # each group split into this many programs, run side by side in worker processes
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="stacked", node=StackedLauncherConf, provider="fedmomentum")
@@ -44,7 +46,11 @@ ConfigStore.instance().store(group="hydra/launcher", name="stacked", node=Stacke
 
 class StackedLauncher(Launcher):
     def __init__(
-        self, require_stacked: bool = False, max_jobs: int | None = None, share_chunks: bool | None = None
+        self,
+        require_stacked: bool = False,
+        max_jobs: int | None = None,
+        share_chunks: bool | None = None,
+        processes: int = 1,
     ) -> None:
         super().__init__()
         if share_chunks is not None and not isinstance(share_chunks, bool):
@@ -56,7 +62,11 @@ class StackedLauncher(Launcher):
             print(f"flower-simulation: hydra.launcher.max_jobs must be an integer >= 1, got {max_jobs!r}",
                   file=sys.stderr)  # fmt: skip
             raise SystemExit(2)
-        self.require_stacked, self.max_jobs = bool(require_stacked), max_jobs
+        if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+            print(f"flower-simulation: hydra.launcher.processes must be an integer >= 1, got {processes!r}",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(2)
+        self.require_stacked, self.max_jobs, self.processes = bool(require_stacked), max_jobs, processes
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
 
@@ -96,7 +106,7 @@ class StackedLauncher(Launcher):
         stopped = f"results so far are in {self.config.hydra.sweep.dir} (resume=true continues each job)"
         try:
             with exit_on_signals(stopped):
-                outcomes = run_jobs(cfgs, self.max_jobs, self.require_stacked, self.share_chunks)
+                outcomes = run_jobs(cfgs, self.max_jobs, self.require_stacked, self.share_chunks, self.processes)
         except NotStackable as err:
             print(f"flower-simulation: {err} (hydra.launcher.require_stacked=true)", file=sys.stderr)
             raise SystemExit(2) from None

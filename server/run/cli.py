@@ -160,6 +160,9 @@ def _check_launcher_options(args: list[str]) -> None:
         if option in booleans and value.lower() not in booleans[option]:
             print(f"flower-simulation: {key} must be {' or '.join(booleans[option])}, got {value!r}", file=sys.stderr)
             raise SystemExit(2)
+        if option == "processes" and not (value.isdigit() and int(value) >= 1):
+            print(f"flower-simulation: {key} must be an integer >= 1, got {value!r}", file=sys.stderr)
+            raise SystemExit(2)
 
 
 if __name__ == "__main__":  # python -m server.run.cli: the project on PYTHONPATH without installing it

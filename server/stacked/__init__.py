@@ -4,4 +4,4 @@ of them are trained together (:mod:`server.stacked.trainer`). Each job writes th
 """
 
 # the options of hydra/launcher=stacked (hydra.launcher.<option>)
-LAUNCHER_OPTIONS = ("require_stacked", "max_jobs", "share_chunks")
+LAUNCHER_OPTIONS = ("require_stacked", "max_jobs", "share_chunks", "processes")

@@ -5,7 +5,8 @@ A group's jobs run side by side, each in its own thread through :func:`server.ru
 :class:`~server.stacked.grid.JobGrid`; their rounds advance together and the clients of all jobs train in one pass
 (:mod:`server.stacked.trainer`). Jobs that evaluate the same data share one evaluator, and the evaluations of a round
 are done together at the same barrier. A job that diverges or fails leaves the group and the others go on; every job
-writes its own run directory as a lone run does.
+writes its own run directory as a lone run does. With ``processes`` > 1 each group is split into that many programs,
+run side by side in worker processes (:mod:`server.stacked.processes`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from client.environment import DEVICE_ENV
 from client.models import build_model
 from client.train import get_device
 from server.batched.engine import STACKED_CPU_THREADS, chunk_size, device_of
+from server.batched.memory import ClientDoesNotFit
 from server.batched.workers import available_cores
 from server.run import config as config_lib
 from server.run import quiet
@@ -178,9 +180,10 @@ class _Job(threading.Thread):
         except NoNodesError as err:
             return Outcome(run_dir, "failed", str(err))
         except config_lib.ConfigError as err:
-            Path(run_dir).mkdir(parents=True, exist_ok=True)
-            write_status(Path(run_dir), "failed", 0, f"invalid configuration: {err}")
-            return Outcome(run_dir, "failed", f"invalid configuration: {err}")
+            if not isinstance(err, ClientDoesNotFit):  # that one is raised by a round, which wrote status.json
+                Path(run_dir).mkdir(parents=True, exist_ok=True)
+                write_status(Path(run_dir), "failed", 0, f"invalid configuration: {err}")
+            return Outcome(run_dir, "failed", f"job {self.index} ({run_dir}): invalid configuration: {err}")
         except GroupStopped as err:
             return Outcome(run_dir, "stopped", str(err))
         except Exception as err:  # noqa: BLE001 - one job's failure ends that job only
@@ -193,10 +196,14 @@ class _Job(threading.Thread):
 
 
 def run_group(
-    runs: Sequence[RunConfig], indices: Sequence[int] | None = None, share_chunks: bool | None = None
+    runs: Sequence[RunConfig],
+    indices: Sequence[int] | None = None,
+    share_chunks: bool | None = None,
+    label: str = "stacked",
 ) -> list[Outcome]:
     """Run validated configs of one shape (:func:`shape_key`) as one program; one :class:`Outcome` per job.
-    ``share_chunks``: clients of different jobs in one chunk (None: on an accelerator, not on a CPU)."""
+    ``share_chunks``: clients of different jobs in one chunk (None: on an accelerator, not on a CPU); ``label``: what
+    its progress lines start with, in brackets."""
     cfgs = [r.values for r in runs]
     indices = list(indices if indices is not None else range(len(cfgs)))
     first = cfgs[0]
@@ -216,7 +223,7 @@ def run_group(
         if now >= next_line[0] or rnd == rounds:
             next_line[0] = now + every
             eta = (now - started) / rnd * (rounds - rnd)
-            _say("[stacked] round %d/%d: %d clients of %d jobs in %d chunks, %.0f s, ETA %.0f s", rnd, rounds,
+            _say("[%s] round %d/%d: %d clients of %d jobs in %d chunks, %.0f s, ETA %.0f s", label, rnd, rounds,
                  clients, len(cfgs), chunks, now - started, eta)  # fmt: skip
 
     share = device.type != "cpu" if share_chunks is None else bool(share_chunks)
@@ -236,7 +243,7 @@ def run_group(
         trainer.join(g)
     how = ("stacked clients, " + ("jobs sharing chunks" if share else "a chunk per job")) if stacked else "one by one"
     how += f", {trainer.workers} chunk threads" if trainer.workers > 1 else ""
-    _say("[stacked] %d jobs as one program on %s (%s)", len(jobs), device, how)
+    _say("[%s] %d jobs as one program on %s (%s)", label, len(jobs), device, how)
     try:
         with _quiet_jobs():
             for job in jobs:
@@ -246,7 +253,7 @@ def run_group(
     finally:
         trainer.stop("the group ended")
         if trainer.evaluation_passes:
-            _say("[stacked] %d evaluations in %d passes (those of a round together)", trainer.evaluations,
+            _say("[%s] %d evaluations in %d passes (those of a round together)", label, trainer.evaluations,
                  trainer.evaluation_passes)  # fmt: skip
         if previous is None:
             os.environ.pop(DEVICE_ENV, None)
@@ -274,30 +281,76 @@ def run_lone(run_cfg: RunConfig) -> Outcome:
         return Outcome(cfg["run_dir"], "failed", str(err))
 
 
+def split(group: Sequence[int], parts: int) -> list[list[int]]:
+    """``group`` in ``parts`` contiguous parts of near-equal size (as many as it has jobs, at most)."""
+    parts = max(1, min(parts, len(group)))
+    size, larger = divmod(len(group), parts)
+    bounds = [p * size + min(p, larger) for p in range(parts + 1)]
+    return [list(group[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
 def run_jobs(
     jobs: Sequence[RunConfig | dict[str, Any]],
     max_jobs: int | None = None,
     require_stacked: bool = False,
     share_chunks: bool | None = None,
+    processes: int = 1,
 ) -> list[Outcome]:
     """Every job of a multirun: groups as one program each, the others alone. ``require_stacked``: a job that
-    cannot be stacked is an error (:class:`NotStackable`, before anything runs)."""
+    cannot be stacked is an error (:class:`NotStackable`, before anything runs). ``processes`` > 1: each group split
+    into that many programs, and the programs and lone jobs run that many at a time in worker processes
+    (:mod:`server.stacked.processes`)."""
     runs = [RunConfig.of(j) for j in jobs]  # a plain dict is validated here, a RunConfig is not again
     cfgs = [r.values for r in runs]
     groups, alone = plan(cfgs, max_jobs)
     if require_stacked and alone:
         i, why = next(iter(alone.items()))
         raise NotStackable(f"job {i} ({cfgs[i]['run_dir']}) cannot be stacked: {why}")
-    outcomes: dict[int, Outcome] = {}
+    if processes > 1:
+        groups = [part for g in groups for part in split(g, processes)]
+    units: list[tuple[str, list[int]]] = []
     for group in groups:
         if len(group) == 1:
-            log(INFO, "[stacked] job %d (%s) has no other job of its shape: it runs alone", group[0],
-                cfgs[group[0]]["run_dir"])  # fmt: skip
-            outcomes[group[0]] = run_lone(runs[group[0]])
-            continue
-        for i, outcome in zip(group, run_group([runs[i] for i in group], group, share_chunks)):
-            outcomes[i] = outcome
+            log(INFO, "[stacked] job %d (%s) has no other job of its shape%s: it runs alone", group[0],
+                cfgs[group[0]]["run_dir"], " in its process" if processes > 1 else "")  # fmt: skip
+        units.append(("group" if len(group) > 1 else "lone", group))
     for i, why in alone.items():
         log(INFO, "[stacked] job %d (%s) runs alone: %s", i, cfgs[i]["run_dir"], why)
-        outcomes[i] = run_lone(runs[i])
+        units.append(("lone", [i]))
+    if processes > 1:
+        from server.stacked.processes import core_sets, run_units
+
+        for cfg in {json.dumps(c["data"], sort_keys=True): c for c in cfgs}.values():
+            prepare_data(cfg)  # a download once, here, not in every process at the same time
+        cores = len(core_sets(processes)[0])
+        _say("[stacked] %d programs, %d at a time in worker processes of %d core%s each: %s", len(units),
+             min(processes, len(units)), cores, "s" if cores > 1 else "",
+             ", ".join(span(unit) for _, unit in units))  # fmt: skip
+        outcomes = run_units(units, runs, processes, share_chunks, work=run_unit, outcome=Outcome)
+    else:
+        outcomes = {}
+        for kind, unit in units:
+            if kind == "lone":
+                outcomes[unit[0]] = run_lone(runs[unit[0]])
+                continue
+            outcomes.update(zip(unit, run_group([runs[i] for i in unit], unit, share_chunks)))
     return [outcomes[i] for i in range(len(cfgs))]
+
+
+def run_unit(kind: str, runs: Sequence[RunConfig], indices: Sequence[int], share: bool | None) -> dict[int, Outcome]:
+    """A worker process's program (``kind`` "group") or lone job; an error that escapes is each job's outcome."""
+    try:
+        if kind == "group":
+            outcomes = run_group(runs, indices, share, label=f"stacked {span(indices)}")
+        else:
+            outcomes = [run_lone(runs[0])]
+    except Exception as err:  # noqa: BLE001 - reported as each job's outcome
+        outcomes = [Outcome(r.values["run_dir"], "error", f"{type(err).__name__}: {err}") for r in runs]
+    return dict(zip(indices, outcomes))
+
+
+def span(indices: Sequence[int]) -> str:
+    """The jobs of a program as text: "jobs 3-7" for consecutive indices, else "jobs 1, 4"."""
+    if len(indices) > 1 and list(indices) == list(range(indices[0], indices[-1] + 1)):
+        return f"jobs {indices[0]}-{indices[-1]}"
+    return ("job " if len(indices) == 1 else "jobs ") + ", ".join(map(str, indices))

@@ -81,6 +81,7 @@ def test_an_invalid_job_fails_alone_with_its_reason_and_the_sweep_exits_2(tmp_pa
         (["hydra.launcher.require_stacked=true", "engine=ray,batched"], "cannot be stacked: engine=ray"),
         (["hydra.launcher.max_jobs=0"], "max_jobs must be an integer >= 1"),
         (["hydra.launcher.share_chunks=sometimes"], "share_chunks"),
+        (["hydra.launcher.processes=0"], "processes must be an integer >= 1"),
     ],
 )
 def test_bad_launcher_input_exits_2_with_one_line_before_any_job_runs(tmp_path, tiny_data, extra, expected):
