@@ -20,6 +20,7 @@ diverged, so a rerun after an interruption continues; a killed job resumes from 
    and every paper 1 variant gets a ``<name>_averaged`` report of ``avg_pop_gap`` (docs/convex.md, "Use").
 
     python -m studies.convex_study --out outputs/convex-study --jobs 2 data.root=/data/cifar10-jpeg.tar.gz
+    python -m studies.convex_study --out outputs/convex-study --stacked 2 data.root=/data/cifar10-jpeg.tar.gz
     python -m studies.convex_study --out outputs/convex-study --stage tune --dry-run     # print the commands
     python -m studies.convex_study --scale smoke --out /tmp/s data.root=tiny.tar.gz      # the test suite's
 
@@ -132,11 +133,15 @@ def merged(groups: Sequence[Group]) -> list[Group]:
     return list(out.values())
 
 
-def command(group: Group, extra: Sequence[str]) -> list[str]:
+def command(group: Group, extra: Sequence[str], stacked: int = 0) -> list[str]:
+    """The ``flower-simulation -m`` call of ``group``; ``stacked`` > 0: its jobs as stacked programs in that many
+    worker processes (``hydra/launcher=stacked``)."""
     swept = [f"{k}={','.join(fmt(v) for v in values)}" for k, values in group.swept.items()]
+    launcher = ["hydra/launcher=stacked", f"hydra.launcher.processes={stacked}"] if stacked else []
     return [
         str(BIN / "flower-simulation"),
         "-m",
+        *launcher,
         f"+sweep={group.preset}",
         *[f"{k}={v}" for k, v in group.fixed.items()],
         *swept,
@@ -151,7 +156,7 @@ def run_groups(groups: Sequence[Group], extra: Sequence[str], args: argparse.Nam
     calls = [g for group in merged(groups) for g in pending(group)]
     if args.dry_run:
         for call in calls:
-            print(" ".join(command(call, extra)))
+            print(" ".join(command(call, extra, args.stacked)))
         return
     for call in calls:
         call.sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -159,9 +164,9 @@ def run_groups(groups: Sequence[Group], extra: Sequence[str], args: argparse.Nam
     def one(call: Group) -> int:
         log = call.sweep_dir / "driver.log"
         with open(log, "a") as f:
-            f.write(" ".join(command(call, extra)) + "\n")
+            f.write(" ".join(command(call, extra, args.stacked)) + "\n")
             f.flush()
-            return subprocess.run(command(call, extra), stdout=f, stderr=subprocess.STDOUT).returncode
+            return subprocess.run(command(call, extra, args.stacked), stdout=f, stderr=subprocess.STDOUT).returncode
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         codes = list(pool.map(one, calls))
@@ -384,6 +389,14 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
         "<name>_averaged report of avg_pop_gap",
     )
     parser.add_argument("--jobs", type=int, default=1, help="flower-simulation calls at once (2 on 2 cores)")
+    parser.add_argument(
+        "--stacked",
+        type=int,
+        default=0,
+        metavar="P",
+        help="each call's jobs as stacked programs in P worker processes (hydra/launcher=stacked "
+        "hydra.launcher.processes=P; with --jobs 1); 0: lone runs",
+    )
     parser.add_argument("--figures", type=Path, help="copy the report figures here (e.g. docs/img)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands of the pending jobs only")
     args, extra = parser.parse_known_args(argv)
@@ -409,6 +422,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--seeds must be >= 2 for the paired comparisons of the report")
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.stacked < 0:
+        parser.error(f"--stacked must be >= 0 (0: lone runs), got {args.stacked}")
     if args.upto is not None and not 1 <= args.upto < args.rounds:
         parser.error(f"--upto must be a round in 1..{args.rounds - 1} (before --rounds), got {args.upto}")
     args.out = args.out.resolve()

@@ -268,7 +268,15 @@ def test_bad_driver_input_exits_2_before_any_work(tmp_path, tiny_data):
         (["--seeds", "0"], "--seeds must be"),
         (["--bogus"], "unknown argument"),
         (["--upto", "20"], "--upto must be a round in 1..19"),
+        (["--stacked", "-1"], "--stacked must be >= 0"),
     ):
         proc = driver(tmp_path / "s", tiny_data, *extra)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert not (tmp_path / "s").exists()
+
+
+def test_stacked_calls_run_their_jobs_as_stacked_programs(tmp_path, tiny_data):
+    proc = driver(tmp_path / "s", tiny_data, "--stage", "tune", "--dry-run", "--stacked", "2")
+    assert proc.returncode == 0, proc.stderr
+    calls = proc.stdout.splitlines()
+    assert calls and all(" -m hydra/launcher=stacked hydra.launcher.processes=2 +sweep=" in c for c in calls), calls
