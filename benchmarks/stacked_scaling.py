@@ -16,7 +16,9 @@ study (39,500 tuning and 550,000 final job-rounds, f(x) in 4 % of them) and pape
 (4 methods x 5 seeds x 10,000 rounds, the preset's evaluation every round at the evaluation round's cost):
 projections, not runs.
 
-Without ``--data`` the images are generated (CIFAR-10's size: 5,000 a class; a minute to write). Writes
+The logistic-regression jobs evaluate ``pop_gap`` as the study does (one pass over the float64 training set for
+every job's model); its f* is solved once and cached under ``--out``/cache (copy a cache's ``optimum/`` there to
+skip the solve). Without ``--data`` the images are generated (CIFAR-10's size: 5,000 a class). Writes
 ``scaling.json`` (each measurement as it is made) and ``scaling.md``; a measurement that would start after
 ``--budget`` seconds is listed as skipped.
 """
@@ -46,7 +48,7 @@ def job_overrides(model: str, index: int, run_dir: Path, data: str, cache: str, 
     common = [f"run_dir={run_dir}", f"seed={seed}", "plots=false", f"num_rounds={args.rounds}", "eval_every=2"]
     common += [f"checkpoint_every={args.rounds}", f"data.root={data}", f"data.cache_dir={cache}", "engine=batched"]
     if model == "logreg":
-        setting = ["+sweep=convex_seed000", f"method={method}", "eval_gap=false", "eval_tail=0"]
+        setting = ["+sweep=convex_seed000", f"method={method}", "eval_tail=0"]
     else:
         setting = [f"+experiment={method}_{model}"]
     smoke = ["num_clients=6", "participation.fraction=0.5", "client.batch_size=8"] if args.smoke else []
