@@ -279,6 +279,8 @@ def run_lone(run_cfg: RunConfig) -> Outcome:
         return Outcome(cfg["run_dir"], "diverged", str(err))
     except NoNodesError as err:
         return Outcome(cfg["run_dir"], "failed", str(err))
+    except config_lib.ConfigError as err:  # raised by a round (e.g. a client that does not fit): status.json says it
+        return Outcome(cfg["run_dir"], "failed", f"{cfg['run_dir']}: invalid configuration: {err}")
 
 
 def split(group: Sequence[int], parts: int) -> list[list[int]]:

@@ -69,6 +69,9 @@ def test_a_client_that_does_not_fit_alone_fails_its_run_with_one_line(tmp_path, 
     status = json.loads((tmp_path / "lone" / "status.json").read_text())
     assert status["status"] == "failed" and status["round"] == 0
     assert status["reason"].startswith("invalid configuration: 'client.batch_size': one client of logreg")
+    (outcome,) = run_jobs([composed(tmp_path / "multirun", tiny_data, *COMMON)])  # a multirun's lone job: the same
+    assert outcome.status == "failed"
+    assert outcome.message.startswith(f"{tmp_path / 'multirun'}: invalid configuration: 'client.batch_size': one")
 
 
 def test_in_a_group_only_the_job_whose_client_does_not_fit_fails(tmp_path, tiny_data, monkeypatch):
