@@ -263,7 +263,7 @@ def stacked_results(chunk: list[StackedEntry], device: torch.device, model: torc
         return stacked_local_train(model or first.model, inputs, first.examples.mean, first.examples.std, device)
     except Exception as err:
         if is_out_of_memory(err):
-            return OutOfMemory(len(chunk), str(err).strip().splitlines()[0][:200])
+            return OutOfMemory(str(err).strip().splitlines()[0][:200])
         return traceback.format_exc(limit=3)
 
 

@@ -32,9 +32,8 @@ class ClientDoesNotFit(ConfigError):
 
 @dataclass
 class OutOfMemory:
-    """A chunk whose stacked training ran out of memory: its size and the allocator's first line."""
+    """What the stacked training of a chunk that ran out of memory gives: the allocator's first line."""
 
-    clients: int
     error: str
 
 
