@@ -1,5 +1,6 @@
 """``flower-simulation -m hydra/launcher=stacked``: Hydra finds the launcher, every job gets a lone run's directory
-(flower-report reads the sweep), bad input exits 2 with one line, SIGTERM ends the group with every job resumable."""
+(flower-report reads the sweep), ``hydra.launcher.processes`` runs its programs in worker processes, bad input exits
+2 with one line, SIGTERM ends the group with every job resumable."""
 
 import json
 import os
@@ -133,3 +134,15 @@ def test_sigterm_ends_the_group_and_every_job_resumes_bitwise(tmp_path, tiny_dat
         assert "Resuming" in (killed / job / "run.log").read_text()
         a, b = np.load(killed / job / "final_model.npz"), np.load(tmp_path / "whole" / job / "final_model.npz")
         assert all(np.array_equal(a[k], b[k]) for k in a.files), job
+
+
+def test_processes_run_a_sweeps_programs_in_worker_processes(tmp_path, tiny_data):
+    sweep = tmp_path / "sweep"
+    extra = ["num_rounds=3", "strategy=fedavgm,fedcm", "seed=0,1", "hydra.launcher.processes=2"]
+    proc = run_cli("flower-simulation", sweep_args(tiny_data, sweep, *extra))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "[stacked] 2 programs, 2 at a time in worker processes" in out and "jobs 0-1, jobs 2-3" in out
+    assert "[stacked jobs 0-1] 2 jobs as one program" in out and "[stacked jobs 2-3] 2 jobs as one program" in out
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(jobs) == 4 and all(status(job) == {"status": "finished", "round": 3, "reason": ""} for job in jobs)
