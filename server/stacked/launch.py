@@ -269,7 +269,8 @@ def _vectorize(cfg: Mapping[str, Any]) -> bool | None:
 
 
 def run_lone(run_cfg: RunConfig) -> Outcome:
-    """A job that fits no group: its own engine, as a lone run."""
+    """A job that fits no group: its own engine, as a lone run. An error it raises is its ``error`` outcome (logged
+    with its traceback); the launcher goes on with the next job."""
     from server.run.cli import simulate
 
     cfg = run_cfg.values
@@ -281,6 +282,9 @@ def run_lone(run_cfg: RunConfig) -> Outcome:
         return Outcome(cfg["run_dir"], "failed", str(err))
     except config_lib.ConfigError as err:  # raised by a round (e.g. a client that does not fit): status.json says it
         return Outcome(cfg["run_dir"], "failed", f"{cfg['run_dir']}: invalid configuration: {err}")
+    except Exception as err:  # noqa: BLE001 - one job's failure ends that job only, as in a group
+        logging.getLogger("flwr").exception("%s failed", cfg["run_dir"])
+        return Outcome(cfg["run_dir"], "error", f"{type(err).__name__}: {err}")
 
 
 def split(group: Sequence[int], parts: int) -> list[list[int]]:

@@ -91,3 +91,17 @@ def test_a_killed_process_fails_its_jobs_in_one_line_each_and_the_next_program_r
                              "out-of-memory killer sends it) before it finished; resume=true continues it")  # fmt: skip
         assert sum(o.message in line for line in lines) == 1
         assert (tmp_path / f"long{i}" / "checkpoint").is_dir()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_lone_job_that_raises_fails_alone_and_the_next_job_runs(tmp_path, tiny_data, processes):
+    """A job of its own shape whose run raises (its run dir lies under a file: it cannot be created) ends as an
+    ``error`` outcome, in the launcher's process as in a worker process; the next job still runs and finishes."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    cfgs = [composed(blocker / "run", tiny_data, "model=logreg", "num_rounds=2"),
+            composed(tmp_path / "next", tiny_data, "model=logreg", "num_rounds=3")]  # fmt: skip
+    outcomes = run_jobs(cfgs, processes=processes)
+    assert [o.status for o in outcomes] == ["error", "finished"], [o.message for o in outcomes]
+    assert "NotADirectoryError" in outcomes[0].message or "FileExistsError" in outcomes[0].message
+    assert _rounds(tmp_path / "next") == 3
