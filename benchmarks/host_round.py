@@ -1,7 +1,10 @@
 """Host time per job-round with near-zero compute: ``--jobs`` jobs one after another on ``engine=batched`` (lone
 runs) and as one stacked group (``hydra/launcher=stacked``, shared chunks), each mode timed at ``--rounds`` + 10
 rounds minus 10 rounds, so start-up (data, strategy, round 0) cancels out; medians of ``--repeats``, interleaved,
-both modes in the same run.
+both modes in the same run. Each mode's time is split into the stacked step (the clients' arithmetic and its Python,
+:func:`server.batched.grid.stacked_results`), the clients' requests (decoding, data: ``prepare_stacked``), their
+replies (encoding, client state: ``store_stacked``) and the host's rest (strategy, Flower messages, validation, the
+server rule, metrics rows, logging; in a group, the jobs' turns at the barrier): host time = the whole minus the step.
 
 The setting is :mod:`benchmarks.stacked_sweep`'s ``host`` one: logistic regression, 6 generated clients of 12 images
 (3 a round, B = 8), no evaluation after round 0, FedAvg / FedCM / GHBM / FedHBM by turns. What a round costs there is
@@ -9,29 +12,37 @@ the host's work: strategy, Flower messages, reply validation, metrics rows, logg
 
     python -m benchmarks.host_round --jobs 8 --rounds 200 --repeats 3
 
-Prints ms per job-round of each mode, a cProfile split of a lone run's rounds (FedCM), and µs to write and read a
-model array as a Flower Array (``Array(ndarray)`` / ``Array.numpy()`` against :mod:`strategies.npy`).
+Prints ms per job-round of each mode and its split, a cProfile split of a lone run's rounds (FedCM), ms to write and
+read a client's state (FedHBM, LocalGHBM) of each model, and µs to write and read a model array as a Flower Array
+(``Array(ndarray)`` / ``Array.numpy()`` against :mod:`strategies.npy`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import io
 import json
+import os
 import pstats
 import statistics
 import tempfile
 import time
 import timeit
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import Array
 
 from benchmarks.stacked_sweep import jobs
+from server.batched import grid as batched_grid
 from server.run.cli import simulate
 from server.stacked.launch import run_jobs
 from strategies import npy
+from strategies.client_state import ClientStateStore, Lineage
 
 PARTS = {  # cProfile's cumulative time of these functions, as shares of a lone run's rounds
     "configure_train (strategy, messages out)": "configure_train",
@@ -43,28 +54,72 @@ PARTS = {  # cProfile's cumulative time of these functions, as shares of a lone 
 }
 
 
-def _timed(out: Path, tag: str, args: argparse.Namespace, rounds: int, group: bool) -> float:
+SPLIT = {  # a part of a round: the function of server.batched.grid whose wall time it is
+    "step": "stacked_results",
+    "requests": "prepare_stacked",
+    "replies": "store_stacked",
+}
+
+
+@contextlib.contextmanager
+def _split_timers(seconds: dict[str, float]) -> Iterator[None]:
+    """Add the wall time of each :data:`SPLIT` function to ``seconds`` while the block runs (a group's chunks are
+    computed one at a time with ``--workers 1``, so the parts do not overlap)."""
+    owners = {
+        "stacked_results": batched_grid,
+        "store_stacked": batched_grid,
+        "prepare_stacked": batched_grid.BatchedGrid,
+    }
+    originals = {name: getattr(owners[name], name) for name in SPLIT.values()}
+
+    def timed(part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[part] += time.perf_counter() - start
+
+        return wrapper
+
+    for part, name in SPLIT.items():
+        setattr(owners[name], name, timed(part, originals[name]))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(owners[name], name, fn)
+
+
+def _timed(out: Path, tag: str, args: argparse.Namespace, rounds: int, group: bool) -> dict[str, float]:
+    """Seconds of the jobs at ``rounds`` rounds: the whole and each part of :data:`SPLIT`."""
     ns = _ns(args.jobs, rounds, args.workers)
     cfgs = jobs("host", out / tag, "stacked" if group else "batched", ns, str(out / "tiny"), str(out / "cache"))
-    start = time.perf_counter()
-    if group:
-        outcomes = run_jobs(cfgs, share_chunks=True)
-        assert all(o.status == "finished" for o in outcomes), [o.message for o in outcomes]
-    else:
-        for cfg in cfgs:
-            simulate(cfg)
-    return time.perf_counter() - start
+    seconds = dict.fromkeys(SPLIT, 0.0)
+    with _split_timers(seconds):
+        start = time.perf_counter()
+        if group:
+            outcomes = run_jobs(cfgs, share_chunks=True)
+            assert all(o.status == "finished" for o in outcomes), [o.message for o in outcomes]
+        else:
+            for cfg in cfgs:
+                simulate(cfg)
+        seconds["whole"] = time.perf_counter() - start
+    return seconds
 
 
 def _ns(num_jobs: int, rounds: int, workers: str = "auto") -> argparse.Namespace:
     return argparse.Namespace(jobs=num_jobs, host_rounds=rounds, workers=workers)
 
 
-def per_round(out: Path, args: argparse.Namespace, group: bool, repeat: int) -> float:
-    """ms per job-round: the jobs at rounds + 10 minus the jobs at 10 rounds."""
+def per_round(out: Path, args: argparse.Namespace, group: bool, repeat: int) -> dict[str, float]:
+    """ms per job-round of the whole and of each part: the jobs at rounds + 10 minus the jobs at 10 rounds; ``host``
+    is the whole minus the step."""
     short = _timed(out, f"{group}-{repeat}-short", args, 10, group)
     long = _timed(out, f"{group}-{repeat}-long", args, 10 + args.rounds, group)
-    return 1e3 * (long - short) / (args.rounds * args.jobs)
+    ms = {part: 1e3 * (long[part] - short[part]) / (args.rounds * args.jobs) for part in long}
+    ms["host"] = ms["whole"] - ms["step"]
+    return ms
 
 
 def profile_split(out: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -77,6 +132,53 @@ def profile_split(out: Path, args: argparse.Namespace) -> dict[str, float]:
     stats = pstats.Stats(profile).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
     total = sum(v[3] for k, v in stats.items() if k[2] == "train_round")
     return {part: round(sum(v[3] for k, v in stats.items() if k[2] == name) / total, 3) for part, name in PARTS.items()}
+
+
+class _ThroughMemory(ClientStateStore):
+    """The store with its state file built in memory first (``np.savez`` to a BytesIO), then written, renamed into
+    place and pruned as the store does: the alternative :func:`state_ms` compares with."""
+
+    def save(self, server_round: int, arrays: Mapping[str, np.ndarray]) -> Path:
+        self.path.mkdir(parents=True, exist_ok=True)
+        final = self.path / f"r{int(server_round):08d}-{self.lineage.current}.npz"
+        tmp = self.path / f".tmp-{os.getpid()}-memory.npz"
+        buffer = io.BytesIO()
+        np.savez(buffer, **{k: np.asarray(v) for k, v in arrays.items()})
+        tmp.write_bytes(buffer.getvalue())
+        os.replace(tmp, final)
+        self.prune()
+        return final
+
+
+def state_ms(models: tuple[str, ...] = ("logreg", "resnet20", "cnn"), rounds: int = 30) -> dict[str, dict[str, float]]:
+    """ms to write and read one client's state (FedHBM, LocalGHBM) of each model: medians over ``rounds`` rounds of
+    :class:`strategies.client_state.ClientStateStore` (written to a file, renamed into place, pruned; the newest valid
+    state read and checked), and the write of :class:`_ThroughMemory`, interleaved."""
+    from client.models import build_model
+
+    out = {}
+    for name in models:
+        arrays = {k: v.detach().numpy().copy() for k, v in build_model(name).state_dict().items()}
+        seconds: dict[str, list[float]] = {"write": [], "read": [], "write through a BytesIO": []}
+        with tempfile.TemporaryDirectory() as root:
+            store = ClientStateStore(root, "bench", 0, Lineage((1,), ("segment",)), 0)
+            memory = _ThroughMemory(root, "memory", 0, Lineage((1,), ("segment",)), 0)
+            for r in range(1, rounds + 1):
+                calls = [
+                    ("write", store.save, r),
+                    ("read", store.load, r + 1),
+                    ("write through a BytesIO", memory.save, r),
+                ]
+                for part, call, rnd in calls:
+                    start = time.perf_counter()
+                    call(rnd, arrays)
+                    seconds[part].append(time.perf_counter() - start)
+        out[name] = {part: round(1e3 * statistics.median(v), 2) for part, v in seconds.items()}
+    return out
+
+
+def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {part: round(statistics.median(r[part] for r in rows), 3) for part in rows[0]}
 
 
 def codec_us(repeats: int = 2000) -> dict[str, dict[str, float]]:
@@ -107,7 +209,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="run dirs (default: a temp dir)")
-    parser.add_argument("--workers", default="auto", help="engine.workers: a group's chunk threads on a CPU")
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="engine.workers: a group's chunk threads on a CPU (1: the split's parts do not overlap)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 2 or args.rounds < 1 or args.repeats < 1:
         parser.error("--jobs must be >= 2, --rounds and --repeats >= 1")
@@ -124,11 +230,12 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "rounds": args.rounds,
         "jobs": args.jobs,
-        "lone_ms_per_job_round": round(statistics.median(lone), 2),
-        "group_ms_per_job_round": round(statistics.median(group), 2),
-        "all": {"lone": [round(x, 2) for x in lone], "group": [round(x, 2) for x in group]},
+        "lone_ms_per_job_round": _medians(lone),
+        "group_ms_per_job_round": _medians(group),
+        "all": {"lone": [round(x["whole"], 2) for x in lone], "group": [round(x["whole"], 2) for x in group]},
         "lone_round_split": profile_split(out, args),
         "codec_us": codec_us(),
+        "client_state_ms": state_ms(),
     }
     print(json.dumps(result, indent=1))
 
