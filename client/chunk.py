@@ -270,10 +270,15 @@ class Chunk:
             xs = torch.stack([self.batch(i, r, augment=False) for i, r in enumerate(padded)])
             with torch.no_grad():
                 logits = logits_fn(self.params, xs)
-            for i, r in enumerate(rows):
-                if len(r):
-                    target = self.y[i][torch.from_numpy(r).to(self.device)]
-                    sums[i] += float(F.cross_entropy(logits[i, : len(r)], target, reduction="sum"))
+                block = {  # the block's sum of each client with rows in it, read back in one copy
+                    i: F.cross_entropy(
+                        logits[i, : len(r)], self.y[i][torch.from_numpy(r).to(self.device)], reduction="sum"
+                    )
+                    for i, r in enumerate(rows)
+                    if len(r)
+                }
+            for i, value in zip(block, torch.stack(list(block.values())).tolist()):
+                sums[i] += value
         return [s / len(p) for s, p in zip(sums, picks)]
 
     # ------------------------------------------------------------------ steps
@@ -369,7 +374,16 @@ class Chunk:
         else:
             stacked[name][rows] = new
 
-    def outputs(self, i: int) -> dict[str, torch.Tensor]:
-        """Client ``i``'s reply arrays in state_dict order, on CPU: its model, or q for LocalUpdate."""
+    def outputs(self) -> tuple[list[dict[str, torch.Tensor]], list[bool]]:
+        """Every client's reply arrays in state_dict order, on CPU (its model, or q for LocalUpdate), and whether they
+        are all finite: one copy and one finiteness reduction per stacked tensor, not per client (each client's
+        arrays are views of the copy)."""
         source = self.q if self.family == "localupdate" else self.params
-        return {k: source[k][i].detach().cpu().clone() for k in self.model.state_dict()}
+        names = list(self.model.state_dict())
+        stacked = {k: source[k].detach() for k in names}
+        per_client = [
+            torch.isfinite(v).flatten(1).all(1) if v.dim() > 1 else torch.isfinite(v) for v in stacked.values()
+        ]
+        finite = torch.stack(per_client).all(0).tolist()
+        copies = {k: v.to("cpu", copy=True) for k, v in stacked.items()}
+        return [{k: copies[k][i] for k in names} for i in range(len(self.clients))], finite

@@ -60,7 +60,7 @@ class LinearChunk(Chunk):
             return {WEIGHT: torch.bmm(g, x), BIAS: g.sum(2)}, losses
 
     def loss_before(self) -> list[float]:
-        out = []
+        sums, sizes = [], []  # each client's loss sum, read back in one copy
         with torch.no_grad():
             for i, (c, gen, steps) in enumerate(zip(self.clients, self.generators, self.steps)):
                 idx = loss_before_indices(len(c.y), self.cfg.batch_size, steps, self.cfg.loss_before_batches, gen)
@@ -72,5 +72,6 @@ class LinearChunk(Chunk):
                     else torch.index_select(self.y[i], 0, torch.from_numpy(rows).to(self.device))
                 )
                 z = F.linear(x.flatten(1), self.params[WEIGHT][i], self.params[BIAS][i])
-                out.append(float(F.cross_entropy(z, target, reduction="sum")) / len(rows))
-        return out
+                sums.append(F.cross_entropy(z, target, reduction="sum"))
+                sizes.append(len(rows))
+        return [s / n for s, n in zip(torch.stack(sums).tolist(), sizes)]

@@ -74,9 +74,9 @@ def stacked_local_train(
     elapsed = (time.perf_counter() - start_time) / len(clients)
     results = []
     dtype = next(iter(chunk.params.values())).dtype  # the loop's mean is in the model's precision
-    for i in range(len(clients)):
-        out = chunk.outputs(i)
-        nonfinite = stopped[i] or not all(bool(torch.isfinite(v).all()) for v in out.values())
+    outputs, finite = chunk.outputs()
+    for i, out in enumerate(outputs):
+        nonfinite = stopped[i] or not finite[i]
         train_loss = float(torch.tensor(losses[i], dtype=dtype).mean()) if losses[i] else float("nan")
         results.append(
             TrainResult(
