@@ -209,6 +209,13 @@ class Chunk:
         )  # loss-before: no augmentation
         self._xs: torch.Tensor | None = None  # the steps' input buffers (:meth:`_buffers`)
         self._ys: torch.Tensor | None = None
+        # every client's rows of one shared float split, without augmentation: a step gathers all of its inputs (and
+        # labels, from their concatenation) with one index each instead of two copies and two gathers per client
+        shared = not self.cfg.augment and all(r is not None for r in self.rows)
+        self.shared = self.plain[0] if shared and all(p is self.plain[0] for p in self.plain) else None
+        if self.shared is not None:
+            self.y_all = torch.cat(self.y)
+            self.y_offsets = np.cumsum([0, *self.n[:-1]])
 
     def _coefficients(self, cfgs: Sequence[TrainConfig], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-client eta_l and beta as tensors, each value the one a plain number gives in the same expression of
@@ -298,8 +305,35 @@ class Chunk:
         masks = torch.arange(width, device=self.device)[None, :] < torch.tensor(
             [[len(b)] for b in batches], device=self.device
         )
-        for j, (i, b) in enumerate(zip(active, batches)):  # a smaller batch is padded with copies of its first row
-            picked = np.concatenate([b, np.full(width - len(b), b[0])]) if len(b) < width else b
+        if self.shared is not None:
+            self._gather_shared(active, batches, xs, ys)
+        else:
+            self._gather(active, batches, xs, ys)
+        rows = None if len(active) == len(self.clients) else torch.tensor(active, device=self.device)
+        params = {k: _take(v, rows) for k, v in self.params.items()}  # every client active: no copy
+        grads, losses = self._grads(params, xs, ys, masks)
+        finite = torch.isfinite(losses)
+        with torch.no_grad():
+            self._update(rows, params, grads, None if bool(finite.all()) else finite, step_index)
+        return losses
+
+    def _padded(self, batch: np.ndarray) -> np.ndarray:
+        """A batch padded to the step's width with copies of its first row."""
+        width = self.width
+        return np.concatenate([batch, np.full(width - len(batch), batch[0])]) if len(batch) < width else batch
+
+    def _gather_shared(self, active: list[int], batches: list[np.ndarray], xs: torch.Tensor, ys: torch.Tensor) -> None:
+        """The step's inputs and labels of clients whose rows are of :attr:`shared`: one gather each."""
+        picked = [self._padded(b) for b in batches]
+        sources = np.concatenate([self.rows[i][p] for i, p in zip(active, picked)])
+        labels = np.concatenate([self.y_offsets[i] + p for i, p in zip(active, picked)])
+        torch.index_select(self.shared, 0, torch.from_numpy(sources).to(self.device), out=xs.view(-1, *xs.shape[2:]))
+        torch.index_select(self.y_all, 0, torch.from_numpy(labels).to(self.device), out=ys.view(-1))
+
+    def _gather(self, active: list[int], batches: list[np.ndarray], xs: torch.Tensor, ys: torch.Tensor) -> None:
+        """The step's inputs (augmented when asked) and labels, client by client."""
+        for j, (i, b) in enumerate(zip(active, batches)):
+            picked = self._padded(b)
             padded = torch.from_numpy(picked).to(self.device)
             if self.cfg.augment:
                 x = self.batch(i, b, True)
@@ -309,13 +343,6 @@ class Chunk:
                 source = padded if self.rows[i] is None else self.source_rows(i, picked)
                 torch.index_select(self.plain[i], 0, source, out=xs[j])
             torch.index_select(self.y[i], 0, padded, out=ys[j])
-        rows = None if len(active) == len(self.clients) else torch.tensor(active, device=self.device)
-        params = {k: _take(v, rows) for k, v in self.params.items()}  # every client active: no copy
-        grads, losses = self._grads(params, xs, ys, masks)
-        finite = torch.isfinite(losses)
-        with torch.no_grad():
-            self._update(rows, params, grads, None if bool(finite.all()) else finite, step_index)
-        return losses
 
     def _grads(
         self, params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tensor, masks: torch.Tensor
