@@ -64,8 +64,14 @@ def to_numpy(array: Array) -> np.ndarray:
 
 
 def to_record(keys: Sequence[str], arrays: Sequence[Any]) -> ArrayRecord:
-    """An ArrayRecord of named arrays (in ``keys`` order)."""
-    return ArrayRecord({k: to_array(a) for k, a in zip(keys, arrays, strict=True)})
+    """An ArrayRecord of named arrays (in ``keys`` order). Each Array is stored as built: ``ArrayRecord(dict)`` would
+    build every Array a second time (its ``from_array_dict``)."""
+    if len(keys) != len(arrays):
+        raise ValueError(f"{len(keys)} keys for {len(arrays)} arrays")
+    record = ArrayRecord()
+    for k, a in zip(keys, arrays):
+        record[k] = to_array(a)
+    return record
 
 
 def record_arrays(record: ArrayRecord | Mapping[str, Array]) -> dict[str, np.ndarray]:
