@@ -30,7 +30,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import torch
-from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -44,6 +44,7 @@ from client.train import TrainResult
 from server.batched.memory import OutOfMemory, does_not_fit, is_out_of_memory, release, smaller_chunks
 from server.batched.workers import WorkerPool
 from server.internals.flower_grid import SUPERLINK_NODE_ID, ErrorCode, set_message_id, set_task_identity
+from strategies import npy
 from strategies import protocol as P
 
 StackedEntry = tuple["BatchedGrid", Message, client_app.TrainJob]  # a train message resolved for stacked training
@@ -196,12 +197,15 @@ class BatchedGrid(Grid):
             self._round_started = None
             return None
         entries: list[StackedEntry] = []
+        decoded: dict[int, tuple[ArrayRecord, dict[str, Any]]] = {}
         for msg in messages:
             context = self.contexts.get(msg.metadata.dst_node_id)
             try:
                 if context is None:
                     raise KeyError(msg.metadata.dst_node_id)
                 request = client_app.train_request(msg, context)
+                for name in ARRAY_REQUESTS:
+                    request[name] = _decoded_once(request[name], decoded)
                 entries.append((self, msg, client_app.prepare_train(**request, load=False)))
             except Exception:  # unknown node or a request the client refuses: its handler answers with the error
                 self._store(msg, self._call(msg, client_app.train))
@@ -314,6 +318,20 @@ def store_stacked(chunk: list[StackedEntry], results: Results) -> None:
                 ),
             ),
         )
+
+
+ARRAY_REQUESTS = ("arrays", "correction", "momentum_term")  # the arrays a train request carries
+
+
+def _decoded_once(record: Any, decoded: dict[int, tuple[ArrayRecord, dict[str, Any]]]) -> Any:
+    """``record``'s arrays decoded once for all the messages of a round that carry it (a strategy's messages share
+    one record): the clients of a job share the decoded arrays, which nothing writes to (stacked training copies them
+    into its own tensors). Anything but an ArrayRecord is returned as it is."""
+    if not isinstance(record, ArrayRecord):
+        return record
+    if id(record) not in decoded:
+        decoded[id(record)] = (record, npy.record_arrays(record))  # the record kept: its id stays its own
+    return decoded[id(record)][1]
 
 
 def _client_input(job: client_app.TrainJob) -> ClientInput:
