@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array
+from flwr.app import Array, ArrayRecord
 
 from benchmarks.stacked_sweep import jobs
 from server.batched import grid as batched_grid
@@ -183,7 +183,7 @@ def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def codec_us(repeats: int = 2000) -> dict[str, dict[str, float]]:
     """µs to write and read one array as a Flower Array: ``Array(ndarray)`` / ``Array.numpy()`` against
-    :mod:`strategies.npy`, for the logistic regression's weight and bias."""
+    :mod:`strategies.npy`, for the logistic regression's weight and bias; and to build a record of both."""
     arrays = {
         "weight (10, 3072) float32": np.zeros((10, 3072), np.float32),
         "bias (10,) float32": np.zeros(10, np.float32),
@@ -200,6 +200,16 @@ def codec_us(repeats: int = 2000) -> dict[str, dict[str, float]]:
         out[name] = {
             way: round(1e6 * min(timeit.repeat(fn, number=repeats, repeat=3)) / repeats, 2) for way, fn in ways.items()
         }
+    keys, values = ["weight", "bias"], list(arrays.values())
+    records = {
+        "write: ArrayRecord(dict of npy.to_array)": lambda: ArrayRecord(
+            {k: npy.to_array(v) for k, v in zip(keys, values)}
+        ),
+        "write: npy.to_record": lambda: npy.to_record(keys, values),
+    }
+    out["record of both"] = {
+        way: round(1e6 * min(timeit.repeat(fn, number=repeats, repeat=3)) / repeats, 2) for way, fn in records.items()
+    }
     return out
 
 
