@@ -25,7 +25,7 @@ PLAIN_KINDS = "biufc"  # bool, integers, floats, complex: dtypes np.save writes 
 
 
 @lru_cache(maxsize=1024)
-def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+def header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """The ``.npy`` header ``np.save`` writes for a C-ordered array (format 1.0; ValueError past its size)."""
     buffer = io.BytesIO()
     np.lib.format.write_array_header_1_0(
@@ -34,16 +34,17 @@ def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return buffer.getvalue()
 
 
-def _plain(dtype: np.dtype) -> bool:
+def plain(dtype: np.dtype) -> bool:
+    """Whether ``np.save`` writes ``dtype`` as raw bytes (no pickling, no structured fields)."""
     return dtype.kind in PLAIN_KINDS and dtype.fields is None and not dtype.hasobject
 
 
 def to_array(value: Any) -> Array:
     """``Array(np.asarray(value))``, the same bytes, with the header of its (dtype, shape) built once."""
     a = np.asarray(value)
-    if not (_plain(a.dtype) and a.flags.c_contiguous):
+    if not (plain(a.dtype) and a.flags.c_contiguous):
         return Array(a)
-    data = _header(a.dtype, a.shape) + a.tobytes()
+    data = header(a.dtype, a.shape) + a.tobytes()
     return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype=NUMPY_STYPE, data=data)
 
 
@@ -51,16 +52,16 @@ def to_numpy(array: Array) -> np.ndarray:
     """``array.numpy()``: the decoded array, writable and owning its memory."""
     try:
         dtype, shape = np.dtype(array.dtype), tuple(int(d) for d in array.shape)
-        header = _header(dtype, shape) if array.stype == NUMPY_STYPE and _plain(dtype) else None
+        head = header(dtype, shape) if array.stype == NUMPY_STYPE and plain(dtype) else None
     except (TypeError, ValueError):
-        header = None
+        head = None
     data = array.data
-    if header is None or not data.startswith(header) or min(shape, default=0) < 0:
+    if head is None or not data.startswith(head) or min(shape, default=0) < 0:
         return array.numpy()
     size = math.prod(shape)
-    if len(data) != len(header) + size * dtype.itemsize:
+    if len(data) != len(head) + size * dtype.itemsize:
         return array.numpy()
-    return np.frombuffer(data, dtype=dtype, count=size, offset=len(header)).reshape(shape).copy()
+    return np.frombuffer(data, dtype=dtype, count=size, offset=len(head)).reshape(shape).copy()
 
 
 def to_record(keys: Sequence[str], arrays: Sequence[Any]) -> ArrayRecord:

@@ -129,3 +129,20 @@ def test_config_is_checked_before_any_file_is_touched(tmp_path):
     with pytest.raises(ValueError, match=protocol.STATE_DIR):
         cs.ClientStateStore.from_config({k: v for k, v in cfg.items() if k != protocol.STATE_DIR}, 2)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_state_as_the_store_writes_it_is_read_without_parsing_each_header_and_equals_np_load(tmp_path):
+    """The direct reader (each member's ``.npy`` header compared with the one np.savez writes for the expected dtype
+    and shape) takes every file the store writes, for a model of many arrays and dtypes, and reads np.load's values."""
+    rng = np.random.default_rng(0)
+    like = {f"layer{i}.weight": rng.normal(size=(i + 1, 3)).astype(np.float32) for i in range(12)}
+    like.update({"scale": np.float64(2.5) * np.ones((), np.float64), "steps": np.arange(4, dtype=np.int64)})
+    path = store(tmp_path).save(1, like)
+    direct = cs._read_expected(path, like)
+    assert direct is not None, "the store's own file fell back to np.load"
+    with np.load(path) as npz:
+        assert sorted(direct) == sorted(npz.files)
+        for k in npz.files:
+            assert direct[k].dtype == npz[k].dtype and direct[k].shape == npz[k].shape
+            assert np.array_equal(direct[k], npz[k]) and direct[k].flags.writeable
+    assert cs._read_expected(path, {**like, "steps": like["steps"].astype(np.int32)}) is None  # judged by np.load
