@@ -167,8 +167,8 @@ class CorruptState(ValueError):
 
 
 def _read_expected(path: Path, like: Mapping[str, np.ndarray]) -> Arrays | None:
-    """The state's arrays when the file holds exactly ``like``'s keys, each ``.npy`` member with the header that
-    ``np.savez`` writes for its dtype and shape (read with the zip's checksums, without parsing each header: 2.4x faster
+    """The state's arrays when the file holds exactly ``like``'s keys, each ``.npy`` member as ``np.savez`` writes it
+    for that dtype and shape (:func:`strategies.npy.decode`, with the zip's checksums: 2.4x faster than ``np.load``
     for ResNet-20's 65 arrays); None for anything else, which :func:`_read_checked` then reads and judges."""
     try:
         with zipfile.ZipFile(path) as archive:
@@ -176,11 +176,10 @@ def _read_expected(path: Path, like: Mapping[str, np.ndarray]) -> Arrays | None:
                 return None
             out = {}
             for key, ref in like.items():
-                dtype, shape = np.asarray(ref).dtype, tuple(np.shape(ref))
-                raw, header = archive.read(f"{key}.npy"), npy.header(dtype, shape)
-                if not npy.plain(dtype) or not raw.startswith(header):
+                value = npy.decode(archive.read(f"{key}.npy"), np.asarray(ref).dtype, tuple(np.shape(ref)))
+                if value is None:
                     return None
-                out[key] = np.frombuffer(raw, dtype=dtype, offset=len(header)).reshape(shape).copy()
+                out[key] = value
             return out
     except Exception:  # noqa: BLE001 - a damaged file: np.load's reading says why
         return None

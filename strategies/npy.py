@@ -25,7 +25,7 @@ PLAIN_KINDS = "biufc"  # bool, integers, floats, complex: dtypes np.save writes 
 
 
 @lru_cache(maxsize=1024)
-def header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """The ``.npy`` header ``np.save`` writes for a C-ordered array (format 1.0; ValueError past its size)."""
     buffer = io.BytesIO()
     np.lib.format.write_array_header_1_0(
@@ -34,7 +34,7 @@ def header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return buffer.getvalue()
 
 
-def plain(dtype: np.dtype) -> bool:
+def _plain(dtype: np.dtype) -> bool:
     """Whether ``np.save`` writes ``dtype`` as raw bytes (no pickling, no structured fields)."""
     return dtype.kind in PLAIN_KINDS and dtype.fields is None and not dtype.hasobject
 
@@ -42,26 +42,32 @@ def plain(dtype: np.dtype) -> bool:
 def to_array(value: Any) -> Array:
     """``Array(np.asarray(value))``, the same bytes, with the header of its (dtype, shape) built once."""
     a = np.asarray(value)
-    if not (plain(a.dtype) and a.flags.c_contiguous):
+    if not (_plain(a.dtype) and a.flags.c_contiguous):
         return Array(a)
-    data = header(a.dtype, a.shape) + a.tobytes()
+    data = _header(a.dtype, a.shape) + a.tobytes()
     return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype=NUMPY_STYPE, data=data)
+
+
+def decode(data: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The array of ``.npy`` bytes whose header is the one ``np.save`` writes for a C-ordered ``dtype`` array of
+    ``shape`` (compared, not parsed) and whose size is that of such an array, writable and owning its memory; None
+    for any other bytes (the caller then reads them the general way, and judges them)."""
+    if not _plain(dtype) or min(shape, default=0) < 0:
+        return None
+    head, size = _header(dtype, shape), math.prod(shape)
+    if not data.startswith(head) or len(data) != len(head) + size * dtype.itemsize:
+        return None
+    return np.frombuffer(data, dtype=dtype, count=size, offset=len(head)).reshape(shape).copy()
 
 
 def to_numpy(array: Array) -> np.ndarray:
     """``array.numpy()``: the decoded array, writable and owning its memory."""
     try:
         dtype, shape = np.dtype(array.dtype), tuple(int(d) for d in array.shape)
-        head = header(dtype, shape) if array.stype == NUMPY_STYPE and plain(dtype) else None
+        value = decode(array.data, dtype, shape) if array.stype == NUMPY_STYPE else None
     except (TypeError, ValueError):
-        head = None
-    data = array.data
-    if head is None or not data.startswith(head) or min(shape, default=0) < 0:
-        return array.numpy()
-    size = math.prod(shape)
-    if len(data) != len(head) + size * dtype.itemsize:
-        return array.numpy()
-    return np.frombuffer(data, dtype=dtype, count=size, offset=len(head)).reshape(shape).copy()
+        value = None
+    return array.numpy() if value is None else value
 
 
 def to_record(keys: Sequence[str], arrays: Sequence[Any]) -> ArrayRecord:

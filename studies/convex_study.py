@@ -163,10 +163,11 @@ def run_groups(groups: Sequence[Group], extra: Sequence[str], args: argparse.Nam
 
     def one(call: Group) -> int:
         log = call.sweep_dir / "driver.log"
+        argv = command(call, extra, args.stacked)
         with open(log, "a") as f:
-            f.write(" ".join(command(call, extra, args.stacked)) + "\n")
+            f.write(" ".join(argv) + "\n")
             f.flush()
-            return subprocess.run(command(call, extra, args.stacked), stdout=f, stderr=subprocess.STDOUT).returncode
+            return subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         codes = list(pool.map(one, calls))
