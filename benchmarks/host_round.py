@@ -150,16 +150,25 @@ class _ThroughMemory(ClientStateStore):
         return final
 
 
+def _load_all(path: Path, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every array of a state file through ``np.load`` (what the store does with a file it does not expect)."""
+    with np.load(path, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
 def state_ms(models: tuple[str, ...] = ("logreg", "resnet20", "cnn"), rounds: int = 30) -> dict[str, dict[str, float]]:
     """ms to write and read one client's state (FedHBM, LocalGHBM) of each model: medians over ``rounds`` rounds of
     :class:`strategies.client_state.ClientStateStore` (written to a file, renamed into place, pruned; the newest valid
-    state read and checked), and the write of :class:`_ThroughMemory`, interleaved."""
+    state read and checked), the write of :class:`_ThroughMemory` and the read of the same file through ``np.load``,
+    interleaved."""
     from client.models import build_model
 
     out = {}
     for name in models:
         arrays = {k: v.detach().numpy().copy() for k, v in build_model(name).state_dict().items()}
-        seconds: dict[str, list[float]] = {"write": [], "read": [], "write through a BytesIO": []}
+        seconds: dict[str, list[float]] = {
+            k: [] for k in ("write", "read", "write through a BytesIO", "read through np.load")
+        }
         with tempfile.TemporaryDirectory() as root:
             store = ClientStateStore(root, "bench", 0, Lineage((1,), ("segment",)), 0)
             memory = _ThroughMemory(root, "memory", 0, Lineage((1,), ("segment",)), 0)
@@ -168,6 +177,7 @@ def state_ms(models: tuple[str, ...] = ("logreg", "resnet20", "cnn"), rounds: in
                     ("write", store.save, r),
                     ("read", store.load, r + 1),
                     ("write through a BytesIO", memory.save, r),
+                    ("read through np.load", _load_all, store.path / f"r{r:08d}-segment.npz"),
                 ]
                 for part, call, rnd in calls:
                     start = time.perf_counter()
