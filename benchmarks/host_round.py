@@ -42,7 +42,7 @@ from server.batched import grid as batched_grid
 from server.run.cli import simulate
 from server.stacked.launch import run_jobs
 from strategies import npy
-from strategies.client_state import ClientStateStore, Lineage
+from strategies.client_state import ClientStateStore, Lineage, forget
 
 PARTS = {  # cProfile's cumulative time of these functions, as shares of a lone run's rounds
     "configure_train (strategy, messages out)": "configure_train",
@@ -159,7 +159,8 @@ def _load_all(path: Path, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
 def state_ms(models: tuple[str, ...] = ("logreg", "resnet20", "cnn"), rounds: int = 30) -> dict[str, dict[str, float]]:
     """ms to write and read one client's state (FedHBM, LocalGHBM) of each model: medians over ``rounds`` rounds of
     :class:`strategies.client_state.ClientStateStore` (written to a file, renamed into place, pruned; the newest valid
-    state read and checked), the write of :class:`_ThroughMemory` and the read of the same file through ``np.load``,
+    state read and checked), the write of :class:`_ThroughMemory`, the read of the same file through ``np.load``, and
+    the store of a node in the server's process (``in_memory``: the state kept in memory, files only at checkpoints),
     interleaved."""
     from client.models import build_model
 
@@ -167,22 +168,26 @@ def state_ms(models: tuple[str, ...] = ("logreg", "resnet20", "cnn"), rounds: in
     for name in models:
         arrays = {k: v.detach().numpy().copy() for k, v in build_model(name).state_dict().items()}
         seconds: dict[str, list[float]] = {
-            k: [] for k in ("write", "read", "write through a BytesIO", "read through np.load")
+            k: [] for k in ("write", "read", "write through a BytesIO", "read through np.load", "keep", "read kept")
         }
         with tempfile.TemporaryDirectory() as root:
             store = ClientStateStore(root, "bench", 0, Lineage((1,), ("segment",)), 0)
             memory = _ThroughMemory(root, "memory", 0, Lineage((1,), ("segment",)), 0)
+            kept = ClientStateStore(root, "kept", 0, Lineage((1,), ("segment",)), 0, in_memory=True)
             for r in range(1, rounds + 1):
                 calls = [
                     ("write", store.save, r),
                     ("read", store.load, r + 1),
                     ("write through a BytesIO", memory.save, r),
                     ("read through np.load", _load_all, store.path / f"r{r:08d}-segment.npz"),
+                    ("keep", kept.save, r),
+                    ("read kept", kept.load, r + 1),
                 ]
                 for part, call, rnd in calls:
                     start = time.perf_counter()
                     call(rnd, arrays)
                     seconds[part].append(time.perf_counter() - start)
+            forget("kept")
         out[name] = {part: round(1e3 * statistics.median(v), 2) for part, v in seconds.items()}
     return out
 

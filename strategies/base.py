@@ -81,8 +81,15 @@ class ServerOptStrategy(FedAvg):
         """Validate beta (in [0, 1) here; the GHBM family allows 1)."""
         fm.check_momentum(momentum)
 
+    def checkpoint_due(self, server_round: int) -> None:
+        """Hook: the run is about to save its checkpoint after ``server_round`` (what clients keep only in memory
+        must reach their files first)."""
+
     def checkpoint_saved(self, server_round: int) -> None:
         """Hook: the run saved a checkpoint after ``server_round`` (stateful clients prune their files by it)."""
+
+    def run_closed(self) -> None:
+        """Hook: the run has ended (finished, diverged, failed or stopped)."""
 
     def current_server_lr(self, server_round: int) -> float:
         """eta_t of round t from the base server lr and the schedule."""

@@ -26,6 +26,11 @@ lives in files on the node's disk, one directory per (run, partition)::
   (no fsync, which cost about half of a state's write and read): after an operating-system crash a recent state
   may be missing or corrupt, and is then handled as above.
 
+Nodes simulated inside the server's process (``engine=batched`` and the stacked launcher, which put their pid in
+``node_config["client-state-memory"]``) keep each partition's newest state in memory instead, up to
+:data:`MEMORY_BUDGET` bytes a process, and write those states to the same files only when the server is about to save
+a checkpoint (:func:`flush`): the files a resume reads are the ones above, and a round writes no file.
+
 Everything here is numpy, so the CIFAR-10 ClientApp and the quadratic test apps share it.
 """
 
@@ -35,6 +40,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +55,7 @@ log = logging.getLogger(__name__)
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FILE = re.compile(r"^r(\d{8})-([A-Za-z0-9_-]{1,64})\.npz$")
 Arrays = dict[str, np.ndarray]
+MEMORY_BUDGET = 2 << 30  # bytes of states a process keeps in memory; beyond it states are written to files at once
 
 
 def new_id() -> str:
@@ -94,10 +101,20 @@ class Lineage:
 class ClientStateStore:
     """The state files of one partition in one run (see the module docstring)."""
 
-    def __init__(self, root: str | os.PathLike, run: str, partition_id: int, lineage: Lineage, keep_round: int):
-        self.path = Path(root) / _checked_id(run, "client-state run id") / f"partition-{int(partition_id)}"
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        run: str,
+        partition_id: int,
+        lineage: Lineage,
+        keep_round: int,
+        in_memory: bool = False,
+    ):
+        self.run = _checked_id(run, "client-state run id")
+        self.path = Path(root) / self.run / f"partition-{int(partition_id)}"
         self.lineage = lineage
         self.keep_round = int(keep_round)
+        self.in_memory = in_memory  # the newest state in this process's memory, files at checkpoints (:func:`flush`)
 
     @classmethod
     def from_config(cls, config: Mapping, partition_id: int, node_config: Mapping | None = None) -> ClientStateStore:
@@ -111,7 +128,9 @@ class ClientStateStore:
         lineage = Lineage(
             tuple(int(s) for s in config[protocol.STATE_STARTS]), tuple(str(s) for s in config[protocol.STATE_IDS])
         )
-        return cls(str(root), str(config[protocol.STATE_RUN]), partition_id, lineage, int(config[protocol.STATE_KEEP]))
+        in_memory = (node_config or {}).get(protocol.STATE_MEMORY) == os.getpid()  # a node of this very process
+        run, keep = str(config[protocol.STATE_RUN]), int(config[protocol.STATE_KEEP])
+        return cls(str(root), run, partition_id, lineage, keep, in_memory=in_memory)
 
     # ----------------------------------------------------------------------- files
     def _files(self) -> list[tuple[int, str, Path]]:
@@ -134,32 +153,117 @@ class ClientStateStore:
         ``like`` gives the expected keys, shapes and dtypes. A file that fails the checks raises
         :class:`CorruptState`.
         """
+        kept = _MEMORY.get(self.path)
         candidates = [(r, p) for r, seg, p in self._files() if r < server_round and self._valid(r, seg)]
+        if kept is not None and kept.round < server_round and self._valid(kept.round, kept.segment):
+            if not candidates or candidates[-1][0] <= kept.round:  # a file is newer only if another process wrote it
+                return kept.round, _checked(kept.arrays, like, f"the state of round {kept.round}")
         if not candidates:
             return None
         made_in, path = candidates[-1]
         return made_in, _read_checked(path, like)
 
-    def save(self, server_round: int, arrays: Mapping[str, np.ndarray]) -> Path:
-        """Write the state made in ``server_round`` atomically, then prune."""
+    def save(self, server_round: int, arrays: Mapping[str, np.ndarray]) -> Path | None:
+        """Keep the state made in ``server_round``: in memory (``in_memory``, within :data:`MEMORY_BUDGET`; None), else
+        written atomically to its file (returned), then prune."""
+        if self.in_memory and _MEMORY.keep(self, int(server_round), arrays):
+            return None
+        return self._write(int(server_round), self.lineage.current, arrays)
+
+    def _write(
+        self, server_round: int, segment: str, arrays: Mapping[str, np.ndarray], keep_round: int | None = None
+    ) -> Path:
         self.path.mkdir(parents=True, exist_ok=True)
-        final = self.path / f"r{int(server_round):08d}-{self.lineage.current}.npz"
+        final = self.path / f"r{server_round:08d}-{segment}.npz"
         tmp = self.path / f".tmp-{os.getpid()}-{new_id()}.npz"
         with open(tmp, "wb") as fh:  # straight to the file: through a BytesIO a CNN's state took 2-4x as long
             np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})
         os.replace(tmp, final)
-        self.prune()
+        self.prune(keep_round)
         return final
 
-    def prune(self) -> None:
-        """Delete invalid states and valid ones older than the newest from a round <= keep_round."""
+    def prune(self, keep_round: int | None = None) -> None:
+        """Delete invalid states and valid ones older than the newest from a round <= ``keep_round`` (default: the
+        message's)."""
+        keep = self.keep_round if keep_round is None else int(keep_round)
         files = self._files()
         valid = [(r, p) for r, seg, p in files if self._valid(r, seg)]
-        settled = [r for r, _ in valid if r <= self.keep_round]
+        settled = [r for r, _ in valid if r <= keep]
         oldest_kept = settled[-1] if settled else -1
         for r, seg, p in files:
             if not self._valid(r, seg) or r < oldest_kept:
                 p.unlink(missing_ok=True)
+
+
+@dataclass
+class _Kept:
+    """A partition's newest state in memory: its store, the round and segment it was made in, a copy of its arrays."""
+
+    store: ClientStateStore
+    round: int
+    segment: str
+    arrays: Arrays
+    size: int
+    written: bool = False  # already in its file (an earlier flush)
+
+
+class _Memory:
+    """The newest state of each partition whose store is ``in_memory``, by store path, within :data:`MEMORY_BUDGET`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kept: dict[Path, _Kept] = {}
+        self.bytes = 0
+
+    def get(self, path: Path) -> _Kept | None:
+        return self.kept.get(path)
+
+    def keep(self, store: ClientStateStore, server_round: int, arrays: Mapping[str, np.ndarray]) -> bool:
+        """A copy of ``arrays`` becomes ``store``'s newest state; False when it would pass the budget (the older one
+        is dropped all the same: a flush wrote it if a resume may need it)."""
+        size = sum(np.asarray(v).nbytes for v in arrays.values())
+        with self.lock:
+            old = self.kept.pop(store.path, None)
+            self.bytes -= old.size if old is not None else 0
+            if self.bytes + size > MEMORY_BUDGET:
+                return False
+            self.bytes += size
+        copies = {k: np.array(v, copy=True) for k, v in arrays.items()}  # the reply's arrays may view a chunk's buffer
+        kept = _Kept(store, server_round, store.lineage.current, copies, size)
+        with self.lock:
+            self.kept[store.path] = kept
+        return True
+
+    def of_run(self, run: str) -> list[_Kept]:
+        with self.lock:
+            return [k for k in self.kept.values() if k.store.run == run]
+
+    def forget(self, run: str) -> None:
+        with self.lock:
+            for path in [p for p, k in self.kept.items() if k.store.run == run]:
+                self.bytes -= self.kept.pop(path).size
+
+
+_MEMORY = _Memory()
+
+
+def flush(run: str, keep_round: int) -> int:
+    """Write every state of ``run`` kept in memory to its file, then prune each of those partitions with
+    ``keep_round``; returns the files written. The server calls it before it saves a checkpoint, with the round of
+    the last checkpoint already saved (a resume from it may still need an older file) or, before any, the round
+    about to be saved."""
+    written = 0
+    for kept in _MEMORY.of_run(run):
+        if not kept.written:
+            kept.store._write(kept.round, kept.segment, kept.arrays, keep_round)
+            kept.written = True
+            written += 1
+    return written
+
+
+def forget(run: str) -> None:
+    """Drop the states of ``run`` kept in memory (the run has ended; its last checkpoint flushed them)."""
+    _MEMORY.forget(run)
 
 
 class CorruptState(ValueError):
@@ -193,16 +297,21 @@ def _read_checked(path: Path, like: Mapping[str, np.ndarray]) -> Arrays:
                 arrays = {k: npz[k] for k in npz.files}
         except Exception as err:  # truncated zip, bad header, pickled object: the file is unusable
             raise CorruptState(f"{path.name} cannot be read ({type(err).__name__})") from None
+    return _checked(arrays, like, path.name)
+
+
+def _checked(arrays: Arrays, like: Mapping[str, np.ndarray], name: str) -> Arrays:
+    """``arrays`` when they have ``like``'s keys, shapes and dtypes and finite values, else :class:`CorruptState`."""
     if sorted(arrays) != sorted(like):
-        raise CorruptState(f"{path.name} holds keys {sorted(arrays)[:3]}..., expected the model's")
+        raise CorruptState(f"{name} holds keys {sorted(arrays)[:3]}..., expected the model's")
     for key, ref in like.items():
         value = arrays[key]
         if value.shape != np.shape(ref) or value.dtype != np.asarray(ref).dtype:
             raise CorruptState(
-                f"{path.name}: {key!r} is {value.dtype}{value.shape}, expected {np.asarray(ref).dtype}{np.shape(ref)}"
+                f"{name}: {key!r} is {value.dtype}{value.shape}, expected {np.asarray(ref).dtype}{np.shape(ref)}"
             )
         if not np.all(np.isfinite(value)):
-            raise CorruptState(f"{path.name}: {key!r} has non-finite values")
+            raise CorruptState(f"{name}: {key!r} has non-finite values")
     return arrays
 
 

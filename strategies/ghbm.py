@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
+from strategies import client_state, protocol
 from strategies import math as fm
-from strategies import protocol
 from strategies.base import ServerOptStrategy
 from strategies.client_state import new_id
 from strategies.npy import to_record
@@ -135,8 +135,17 @@ class _StatefulClients(_GHBMServer):
         self.state_ids: list[str] = [new_id()]
         self.checkpoint_round: int | None = None
 
+    def checkpoint_due(self, server_round: int) -> None:
+        """States kept in memory by nodes of this process reach their files (:func:`client_state.flush`), pruned by
+        the last saved checkpoint: a resume from it may still need older ones."""
+        keep = self.checkpoint_round if self.checkpoint_round is not None else server_round
+        client_state.flush(self.state_run, keep)
+
     def checkpoint_saved(self, server_round: int) -> None:
         self.checkpoint_round = int(server_round)
+
+    def run_closed(self) -> None:
+        client_state.forget(self.state_run)
 
     def _round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         cfg = super()._round_config(server_round, config)

@@ -28,6 +28,7 @@ STATE_RUN = "client-state-run"  # str: run identity, created at a fresh start an
 STATE_STARTS = "client-state-starts"  # list[int]: first round of each server start (fresh start, resumes)
 STATE_IDS = "client-state-ids"  # list[str]: identity of each server start; a state file is valid in its segment
 STATE_KEEP = "client-state-keep"  # int: last checkpointed round (states a resume may need are kept)
+STATE_MEMORY = "client-state-memory"  # node_config int: pid of the in-process engine whose nodes keep states in memory
 
 # --- train reply ---------------------------------------------------------------------
 METRICS = "metrics"  # MetricRecord

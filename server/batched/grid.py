@@ -22,6 +22,7 @@ the device's memory is trained again in halves (:mod:`server.batched.memory`).
 from __future__ import annotations
 
 import functools
+import os
 import time
 import traceback
 import uuid
@@ -80,7 +81,7 @@ class BatchedGrid(Grid):
                 node_id=NODE_BASE + p,
                 state=RecordDict(),
                 run_config={},
-                node_config={"partition-id": p, "num-partitions": num_nodes},
+                node_config={"partition-id": p, "num-partitions": num_nodes, P.STATE_MEMORY: os.getpid()},
             )
             for p in range(num_nodes)
         }

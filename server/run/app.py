@@ -80,6 +80,7 @@ def run_experiment(
             routed.enter_context(console.console_routing(bool(run.cfg.get("verbose", False))))
             return run.run(grid)
     finally:
+        run.close()
         handler.close()
 
 
@@ -96,7 +97,8 @@ class Run:
     its round loop. Every step but :meth:`train_round` works without a Flower Grid.
 
     A driver calls :meth:`resume` once, then for each round r: :meth:`train_round`, :meth:`evaluate`,
-    :meth:`record`, :meth:`stop_if_diverged`, :meth:`checkpoint`; then :meth:`finish` (what :meth:`run` does).
+    :meth:`record`, :meth:`stop_if_diverged`, :meth:`checkpoint`; then :meth:`finish` (what :meth:`run` does), and
+    :meth:`close` however the run ended.
     """
 
     def __init__(
@@ -234,6 +236,7 @@ class Run:
         """Save the checkpoint after round ``rnd`` when it is due (every ``checkpoint_every`` rounds and the last)."""
         strategy, window = self.strategy, self.window
         if rnd % self.config.checkpoint_every == 0 or rnd == self.num_rounds:
+            strategy.checkpoint_due(rnd)
             meta, state_arrays = strategy.state_dict()
             window_rounds, window_arrays = window.state()
             checkpoint.save(self.run_dir, rnd, meta, {**state_arrays, **window_arrays}, self.cfg, window_rounds)
@@ -260,6 +263,11 @@ class Run:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         write_status(run_dir, "finished", num_rounds)
         return summary
+
+    def close(self) -> None:
+        """Release what the run holds beyond its run directory (its clients' states kept in memory); the run is over."""
+        if self.strategy is not None:
+            self.strategy.run_closed()
 
     def run(self, grid: Grid) -> dict[str, Any]:
         """The whole loop on ``grid``: resume, then every round's steps, then finish; returns the summary."""

@@ -106,3 +106,58 @@ def test_a_run_config_is_validated_once_where_it_enters(tiny_data, tmp_path, mon
     with pytest.raises(config_lib.ConfigError, match="num_rounds"):
         RunConfig.from_dict(make_cfg(tiny_data, tmp_path / "bad", "num_rounds=0"))
     assert len(calls) == 2
+
+
+def state_rounds(run_dir) -> list[int]:
+    return sorted(int(p.name[1:9]) for p in (run_dir / "client_state").glob("*/partition-*/r*.npz"))
+
+
+def drive(run: Run, grid: BatchedGrid, rounds: range, due_only: int | None = None) -> None:
+    """The loop's steps for ``rounds``; at round ``due_only`` the checkpoint is only announced
+    (``checkpoint_due``), not saved: the process dies between the clients' flush and the checkpoint."""
+    progress = run.progress_grid(grid)
+    for rnd in rounds:
+        row = run.train_round(progress, rnd)
+        run.record(row | {"round": rnd})
+        if rnd == due_only:
+            run.strategy.checkpoint_due(rnd)
+            return
+        run.checkpoint(rnd)
+
+
+@pytest.mark.parametrize("due_only", [None, 6], ids=["killed-after-round-5", "killed-between-flush-and-checkpoint"])
+def test_fedhbm_states_kept_in_memory_resume_bitwise_from_the_last_checkpoint(tiny_data, tmp_path, due_only):
+    """FedHBM on the batched engine (cyclic p = 2, a checkpoint every 3 rounds): the nodes keep their states in
+    memory, so only the states alive at a checkpoint reach files (never those of rounds 1 and 4, replaced before
+    one). A process that dies after round 5, or between the flush and the checkpoint of round 6, loses what memory
+    held; resumed from the checkpoint of round 3, the run ends bitwise as the uninterrupted one."""
+    extra = ("strategy=fedhbm", "num_rounds=7", "checkpoint_every=3", "eval_every=100", "eval_tail=0")
+    whole = RunConfig.from_dict(make_cfg(tiny_data, tmp_path / "whole", *extra))
+    grid = BatchedGrid(NUM_CLIENTS)
+    try:
+        run_experiment(grid, whole)
+    finally:
+        grid.close()
+    assert set(state_rounds(whole.run_dir)) <= {2, 3, 5, 6, 7} and 7 in state_rounds(whole.run_dir)
+
+    killed = Run(RunConfig.from_dict(make_cfg(tiny_data, tmp_path / "killed", *extra)))
+    killed.resume()
+    grid = BatchedGrid(NUM_CLIENTS)
+    try:
+        drive(killed, grid, range(1, 7 if due_only else 6), due_only)
+    finally:
+        grid.close()
+    killed.close()  # what a dead process leaves: the files, not the memory
+    assert json.loads((killed.run_dir / "checkpoint" / "state.json").read_text())["round"] == 3
+    resumed = RunConfig.from_dict(make_cfg(tiny_data, tmp_path / "killed", *extra, "resume=true"))
+    grid = BatchedGrid(NUM_CLIENTS)
+    try:
+        run_experiment(grid, resumed)
+    finally:
+        grid.close()
+    a, b = np.load(whole.run_dir / "final_model.npz"), np.load(killed.run_dir / "final_model.npz")
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    keys = ("round", "train_loss", "loss_before", "update_norm", "loss", "accuracy")
+    assert [{k: r.get(k) for k in keys} for r in rows(killed.run_dir)] == [
+        {k: r.get(k) for k in keys} for r in rows(whole.run_dir)
+    ]
