@@ -5,8 +5,12 @@ interleaved, medians of ``--repeats``, the ratio measured in the same run.
 
 The models are ``--jobs`` random logistic regressions, evaluated by the evaluators of ``--seeds`` seeds (their
 splits weigh the examples differently; the features are shared), as 4 methods x 5 seeds of the convex study.
+``--population train`` evaluates paper 2's population loss instead (``eval_train`` without ``pop_gap``: each
+client's mean loss in float32, batch by batch): the models of one seed share an evaluator, and the pass prepares
+each client's batches once for all of them (:meth:`server.run.evaluator.Evaluator.populations`).
 
     python -m benchmarks.population_eval --data cifar10.tar.gz --jobs 20 --seeds 5 --repeats 3
+    python -m benchmarks.population_eval --data cifar10.tar.gz --jobs 20 --seeds 1 --repeats 3 --population train
 
 Prints seconds per evaluation round of each mode, their ratio, and the largest relative difference of the pop_*
 columns between the modes (the other columns are equal).
@@ -33,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--population", choices=("gap", "train"), default="gap", help="pop_gap, or eval_train alone")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.seeds < 1 or args.repeats < 1:
         parser.error("--jobs, --seeds and --repeats must be >= 1")
@@ -48,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"data.cache_dir={cache}",
                 f"seed={seed}",
                 f"run_dir={cache}/run",
+                *(["eval_gap=false"] if args.population == "train" else []),
             ]
         )  # fmt: skip
         for seed in range(args.seeds)
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     same = all(a[k] == b[k] for a, b in zip(alone, together) for k in a if not k.startswith("pop_"))
     medians = {mode: statistics.median(ts) for mode, ts in times.items()}
     result = {
+        "population": args.population,
         "jobs": args.jobs,
         "seeds": args.seeds,
         "seconds": medians,

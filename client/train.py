@@ -221,21 +221,36 @@ def evaluate_examples(
     The loss is the sum of the task's loss terms over the number of terms (examples, or tokens for next-word
     prediction); ``max_examples > 0`` evaluates on that many evenly spaced rows instead of all of them.
     """
+    return evaluate_many([model], examples, max_examples, device, indices)[0]
+
+
+def evaluate_many(
+    models: Sequence[nn.Module],
+    examples: Examples,
+    max_examples: int = 0,
+    device: torch.device | None = None,
+    indices: np.ndarray | None = None,
+) -> list[tuple[float, float, int]]:
+    """:func:`evaluate_examples` of each model, each batch prepared once for all of them: every model's figures
+    are the ones it gets alone (the same batches, operations and sums, in the same order)."""
     device = device or get_device()
     rows = np.arange(len(examples)) if indices is None else np.asarray(indices)
     n = len(rows)
     if 0 < max_examples < n:
         rows = rows[np.linspace(0, n - 1, max_examples).astype(np.int64)]
-    model.eval()
-    loss_sum, loss_count, hits, scored = 0.0, 0, 0.0, 0
-    for start in range(0, len(rows), EVAL_BATCH):
-        inputs, targets = examples.batch(rows[start : start + EVAL_BATCH], device, None)
-        outputs = model(inputs)
-        total, count = examples.loss(outputs, targets)
-        loss_sum, loss_count = loss_sum + float(total), loss_count + count
-        h, s = examples.correct(outputs, targets)
-        hits, scored = hits + h, scored + s
-    return loss_sum / max(loss_count, 1), hits / max(scored, 1), len(rows)
+    for model in models:
+        model.eval()
+    sums = [[0.0, 0, 0.0, 0] for _ in models]  # loss sum, loss terms, hits, scored
+    with torch.no_grad():
+        for start in range(0, len(rows), EVAL_BATCH):
+            inputs, targets = examples.batch(rows[start : start + EVAL_BATCH], device, None)
+            for acc, model in zip(sums, models):
+                outputs = model(inputs)
+                total, count = examples.loss(outputs, targets)
+                acc[0], acc[1] = acc[0] + float(total), acc[1] + count
+                h, s = examples.correct(outputs, targets)
+                acc[2], acc[3] = acc[2] + h, acc[3] + s
+    return [(loss / max(terms, 1), hits / max(scored, 1), len(rows)) for loss, terms, hits, scored in sums]
 
 
 # --------------------------------------------------------------------------- loss before training

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ from client.datasets import NaturalData
 from client.examples import ImageExamples
 from client.linear import is_linear
 from client.models import build_model
-from client.train import evaluate_examples, get_device, load_arrays
+from client.train import evaluate_examples, evaluate_many, get_device, load_arrays
 from server.run.partitions import client_partitions
 
 Model = ArrayRecord | Mapping[str, np.ndarray]  # a model's arrays: an ArrayRecord or numpy values by name
@@ -75,6 +76,7 @@ class Evaluator:
     def __init__(self, cfg: Mapping[str, Any], ds: Dataset | NaturalData) -> None:
         self.ds = ds
         self.model = build_model(cfg["model"]["name"], ds.num_classes).to(get_device())
+        self.copies: list[torch.nn.Module] = []  # more modules of the architecture, for passes over several models
         self.max_examples = int(cfg.get("eval_max_examples", 0))
         test, clients = evaluation_examples(cfg, ds)
         self.test = PreparedBatches(test, contiguous=is_linear(self.model))
@@ -96,10 +98,26 @@ class Evaluator:
 
     def population(self, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> tuple[float, float]:
         """(population train loss f(x), population train accuracy): means over clients of their means."""
-        load_arrays(self.model, _numpy(arrays))
-        per_client = [evaluate_examples(self.model, examples, self.per_client_max)[:2] for examples in self.partitions]
-        loss, acc = np.mean(np.asarray(per_client, dtype=np.float64), axis=0)
-        return float(loss), float(acc)
+        return self.populations([arrays])[0]
+
+    def populations(self, models: Sequence[Model]) -> list[tuple[float, float]]:
+        """:meth:`population` of each model, each client's batches prepared once for all of them (each model's figures
+        are the ones it gets alone: :func:`client.train.evaluate_many`)."""
+        nets = self._nets(len(models))
+        for net, arrays in zip(nets, models):
+            load_arrays(net, _numpy(arrays))
+        per_client = [evaluate_many(nets, examples, self.per_client_max) for examples in self.partitions]
+        out = []
+        for k in range(len(models)):
+            loss, acc = np.mean(np.asarray([client[k][:2] for client in per_client], dtype=np.float64), axis=0)
+            out.append((float(loss), float(acc)))
+        return out
+
+    def _nets(self, count: int) -> list[torch.nn.Module]:
+        """``count`` modules of the model's architecture: the evaluator's own, then copies kept for the next pass."""
+        while len(self.copies) < count - 1:
+            self.copies.append(copy.deepcopy(self.model))
+        return [self.model, *self.copies[: count - 1]]
 
     @property
     def population_from_gap(self) -> bool:
@@ -117,7 +135,7 @@ class Evaluator:
             row.update(population if population is not None else self.gap.with_population(values))
             return row
         if self.partitions is not None:
-            row.update(zip(("pop_loss", "pop_accuracy"), self.population(values)))
+            row.update(population or dict(zip(("pop_loss", "pop_accuracy"), self.population(values))))
         if self.gap is not None:
             row["pop_gap"] = self.gap(values)
         return row
@@ -127,15 +145,25 @@ def metrics_of_many(pairs: Sequence[tuple[Evaluator, Model]]) -> list[dict[str, 
     """:meth:`Evaluator.metrics` of each (evaluator, model) pair. The population columns of the pairs whose
     ``pop_gap`` objectives share their data (the runs of a stacked sweep) come from one pass over it for all of
     their models (:func:`server.convex.optimum.with_populations`): equal to one evaluation at a time up to the
-    float64 summation order of the wider product; every other column is the single evaluation's own."""
+    float64 summation order of the wider product. Without ``pop_gap``, the population columns of the pairs of one
+    evaluator come from one pass over its clients' batches (:meth:`Evaluator.populations`): each model's own figures.
+    Every other column is the single evaluation's own."""
     models = [_numpy(arrays) for _, arrays in pairs]
     rows: list[dict[str, float] | None] = [None] * len(pairs)
     shared: dict[int, list[int]] = {}  # id of the shared features -> pairs
+    by_evaluator: dict[int, list[int]] = {}  # population over the clients' batches: id of the evaluator -> pairs
     for i, (evaluator, _) in enumerate(pairs):
         if evaluator.population_from_gap:
             shared.setdefault(id(evaluator.gap.obj.x), []).append(i)
+        elif evaluator.partitions is not None:
+            by_evaluator.setdefault(id(evaluator), []).append(i)
         else:
             rows[i] = evaluator.metrics(models[i])
+    for group in by_evaluator.values():
+        evaluator = pairs[group[0]][0]
+        populations = evaluator.populations([models[i] for i in group])
+        for i, (loss, acc) in zip(group, populations):
+            rows[i] = evaluator.metrics(models[i], {"pop_loss": loss, "pop_accuracy": acc})
     if shared:
         from server.convex.optimum import with_populations
 

@@ -18,6 +18,7 @@ from checks.engine_cases import STRATEGIES
 from server.ray.engine import CONF_DIR
 from server.run import config as config_lib
 from server.run.cli import simulate
+from server.run.evaluator import Evaluator
 from server.stacked.launch import plan, run_jobs, shape_key
 
 pytestmark = pytest.mark.e2e
@@ -231,3 +232,32 @@ def test_population_evaluations_of_a_round_are_one_pass_and_equal_lone_runs_to_r
                     assert s[key] == pytest.approx(value, rel=1e-10, abs=1e-12), (name, r["round"], key)
                 else:
                     assert s[key] == value, (name, r["round"], key)
+
+
+def test_population_losses_without_a_gap_are_one_pass_per_evaluator_and_equal_lone_runs_bitwise(
+    tmp_path, tiny_data, monkeypatch
+):
+    """``eval_train`` without ``pop_gap`` (paper 2's population loss): the jobs of one seed share an evaluator, and
+    the population losses of their models of a round are one pass over the clients' batches; every column but the
+    timings is bitwise the lone runs'."""
+    common = ["model=logreg", "num_rounds=4", "eval_every=2", "eval_tail=0", "eval_train=true", "seed=0"]
+    jobs = {name: CASES[name] for name in ("fedavg", "fedcm", "ghbm")}
+    cfgs = [composed(tmp_path / "stacked" / name, tiny_data, *o, *common) for name, o in jobs.items()]
+    passes, populations = [], Evaluator.populations
+
+    def counted(self, models):
+        passes.append(len(models))
+        return populations(self, models)
+
+    monkeypatch.setattr(Evaluator, "populations", counted)
+    with flwr_lines() as lines:
+        outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=True)
+    assert [o.status for o in outcomes] == ["finished"] * len(jobs), [o.message for o in outcomes]
+    assert [line for line in lines if "evaluations in" in line] == [
+        "[stacked] 9 evaluations in 3 passes (those of a round together)"
+    ]
+    assert passes == [3, 3, 3]  # rounds 0, 2 and 4: the three jobs' models in one pass over the clients' batches
+    for name, overrides in jobs.items():
+        simulate(composed(tmp_path / "lone" / name, tiny_data, *overrides, *common))
+        stacked, lone = rows(tmp_path / "stacked" / name), rows(tmp_path / "lone" / name)
+        assert stacked == lone and all("pop_loss" in r for r in lone if r["round"] % 2 == 0)
