@@ -188,7 +188,7 @@ def state_ms(models: tuple[str, ...] = ("logreg", "resnet20", "cnn"), rounds: in
                     call(rnd, arrays)
                     seconds[part].append(time.perf_counter() - start)
             forget("kept")
-        out[name] = {part: round(1e3 * statistics.median(v), 2) for part, v in seconds.items()}
+        out[name] = {part: round(1e3 * statistics.median(v), 3) for part, v in seconds.items()}
     return out
 
 
