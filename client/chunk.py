@@ -24,12 +24,12 @@ from client.train import (
     round_generator,
 )
 from strategies.client_step import extra_name, local_step
-from strategies.math import localupdate_accumulate
+from strategies.math import affine_local_step, fedcm_shift, ghbm_shift, localupdate_accumulate
 from strategies.math import theta_weights as make_theta_weights
 
 EVAL_ROWS = 1000  # examples per client and vmapped forward pass when measuring loss-before
 SHARED_FIELDS = (
-    "algorithm",
+    "step_form",  # the algorithm, or "affine": FedAvgM's, FedCM's and the GHBM family's clients step together
     "batch_size",
     "weight_decay",
     "theta",
@@ -166,9 +166,12 @@ class Chunk:
         self.clients = list(clients)
         self.names = [k for k, p in model.named_parameters() if p.requires_grad]
         self.params = _stack(model, [c.initial for c in clients], self.names, "model arrays", device)
-        self.family = family = self.cfg.family
-        received = [getattr(c, extra_name(family)) if extra_name(family) else None for c in clients]
-        self.extra = _stack(model, received, self.names, f"{self.cfg.algorithm} {extra_name(family)}", device)
+        families = {c.family for c in cfgs}
+        # one family, or "affine": clients of several families of one step form (strategies.math.affine_local_step)
+        self.family = family = families.pop() if len(families) == 1 else "affine"
+        received = [getattr(c, extra_name(c.cfg.family)) if extra_name(c.cfg.family) else None for c in clients]
+        what = f"{self.cfg.algorithm} {extra_name(family)}" if family != "affine" else "client terms"
+        self.extra = _stack(model, received, self.names, what, device)
         # FedHBM's term C (a_i - theta) is zero for a client without an anchor, not C (0 - theta)
         mixed = family == "fedhbm" and self.extra is not None and any(r is None for r in received)
         self.participation = (
@@ -193,8 +196,14 @@ class Chunk:
                 num_local_steps(n, self.cfg.batch_size, self.cfg.local_epochs, self.cfg.local_steps) for n in self.n
             ]
         self.steps_t = torch.tensor([float(s) for s in self.steps], device=device)  # J per client, as a tensor
-        self.lr_t, self.momentum_t = self._coefficients(cfgs, next(iter(self.params.values())).dtype)
-        self.zero_lr = family in ("sgd", "localupdate") and any(c.client_lr == 0 for c in cfgs)
+        dtype = next(iter(self.params.values())).dtype
+        self.lr_t, self.momentum_t = self._coefficients(cfgs, dtype)
+        # eta_l = 0 in the parameters' dtype leaves an SGD-family client's parameters as they are (local_step's
+        # plain-number rule)
+        lrs = torch.tensor([c.client_lr for c in cfgs], dtype=torch.float64).to(dtype).tolist()
+        zero_lr = [c.family in ("sgd", "localupdate") and lr == 0 for c, lr in zip(cfgs, lrs)]
+        self.zero_lr = torch.tensor(zero_lr, device=device) if any(zero_lr) else None
+        self.shift = self._shifts(cfgs) if family == "affine" else None
         if family == "localupdate":  # Theta_k per client and step (0 past a client's last step)
             self.theta_t = torch.tensor(
                 [[float(w[k]) if k < len(w) else 0.0 for k in range(max(self.steps))] for w in self.weights],
@@ -223,15 +232,27 @@ class Chunk:
         FedCM eta_l (1 - beta) as one number, its product taken in double precision as Python takes it (its beta
         is then 0); for the GHBM family beta / J as one number, as torch computes a number over a tensor (J's
         reciprocal times the number)."""
-        if self.family == "fedcm":
-            lrs = [c.client_lr * (1.0 - c.momentum) for c in cfgs]
-        else:
-            lrs = [c.client_lr for c in cfgs]
+        lrs = [c.client_lr * (1.0 - c.momentum) if c.family == "fedcm" else c.client_lr for c in cfgs]
         lr = torch.tensor(lrs, dtype=torch.float64).to(self.device, dtype)
         momentum = torch.tensor([c.momentum for c in cfgs], dtype=torch.float64).to(self.device, self.steps_t.dtype)
-        if self.family in ("ghbm", "fedhbm"):
+        if self.family in ("ghbm", "fedhbm", "affine"):
             momentum = self.steps_t.reciprocal() * momentum
         return lr, momentum
+
+    def _shifts(self, cfgs: Sequence[TrainConfig]) -> dict[str, torch.Tensor]:
+        """Each client's term c of :func:`strategies.math.affine_local_step` in a chunk of several families, as its
+        family's own step forms it (FedCM: correction / J; GHBM: -(beta / J) m, beta / J as one number as above;
+        SGD: -0.0), so each client steps as in a chunk of its family alone."""
+        kinds = [c.family for c in cfgs]
+        fedcm = torch.tensor([k == "fedcm" for k in kinds], device=self.device)
+        ghbm = torch.tensor([k == "ghbm" for k in kinds], device=self.device)
+        out = {}
+        for name in self.names:
+            p = self.params[name]
+            extra = self.extra[name] if self.extra is not None else torch.zeros_like(p)
+            shift = torch.where(_client_view(ghbm, p), ghbm_shift(_client_view(self.momentum_t, p), extra, 1), -0.0)
+            out[name] = torch.where(_client_view(fedcm, p), fedcm_shift(extra, _client_view(self.steps_t, p)), shift)
+        return out
 
     def source_rows(self, i: int, rows: np.ndarray) -> torch.Tensor:
         """Client ``i``'s ``rows`` as rows of its float images (of the shared split, with :attr:`ClientInput.rows`)."""
@@ -371,18 +392,23 @@ class Chunk:
                 weight = _take(self.theta_t[:, k], rows)
                 q = localupdate_accumulate(_take(self.q[name], rows), g, _client_view(weight, p).to(g.dtype))
                 self._put(self.q, name, rows, q, finite)
-            extra = None if self.extra is None else _take(self.extra[name], rows)
-            participation = (
-                cfg.participation if self.participation is None else _client_view(_take(self.participation, rows), p)
-            )
             lr = _client_view(_take(self.lr_t, rows), p)
-            if self.family in ("ghbm", "fedhbm"):  # beta / J as one number (J = 1 below)
-                momentum, local_steps = _client_view(_take(self.momentum_t, rows), p), 1
+            if self.shift is not None:  # clients of several families: each its own a and c
+                new = affine_local_step(p, g, lr, _take(self.shift[name], rows))
             else:
-                momentum = 0.0 if self.family == "fedcm" else _client_view(_take(self.momentum_t, rows), p)
-            new = local_step(self.family, p, g, lr, momentum, extra, local_steps, participation)
-            if self.zero_lr:  # eta_l = 0 leaves the parameter as it is (local_step's plain-number rule)
-                new = torch.where(lr == 0, p, new)
+                extra = None if self.extra is None else _take(self.extra[name], rows)
+                participation = (
+                    cfg.participation
+                    if self.participation is None
+                    else _client_view(_take(self.participation, rows), p)
+                )
+                if self.family in ("ghbm", "fedhbm"):  # beta / J as one number (J = 1 below)
+                    momentum, local_steps = _client_view(_take(self.momentum_t, rows), p), 1
+                else:
+                    momentum = 0.0 if self.family == "fedcm" else _client_view(_take(self.momentum_t, rows), p)
+                new = local_step(self.family, p, g, lr, momentum, extra, local_steps, participation)
+            if self.zero_lr is not None:
+                new = torch.where(_client_view(_take(self.zero_lr, rows), p), p, new)
             self._put(self.params, name, rows, new, finite)
 
     @staticmethod

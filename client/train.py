@@ -82,6 +82,11 @@ class TrainConfig:
         """The local-step family of the algorithm (:mod:`strategies.client_step`)."""
         return registered_algorithm(self.algorithm).family
 
+    @property
+    def step_form(self) -> str:
+        """What clients must share to take their steps together (:attr:`strategies.client_step.Algorithm.step_form`)."""
+        return registered_algorithm(self.algorithm).step_form
+
     def __post_init__(self) -> None:
         registered_algorithm(self.algorithm)
         if self.batch_size < 1:

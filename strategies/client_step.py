@@ -10,7 +10,9 @@ A family is the form of theta_{k+1} given theta_k, the gradient g and the round'
 - ``fedhbm``: the GHBM step with m = C (a_i - theta_k), a_i the client's anchor (FedHBM).
 
 Which array each family's clients receive is :data:`EXTRA_OF_FAMILY`; a client without one takes a zero term (FedCM's
-first round, a client's first GHBM-family participation).
+first round, a client's first GHBM-family participation). ``sgd``, ``fedcm`` and ``ghbm`` share one form, theta - a g
++ c with a and c fixed in the round (:func:`strategies.math.affine_local_step`), so stacked clients of the three may
+take their steps together (:data:`AFFINE_FAMILIES`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from strategies.math import fedcm_local_step, fedhbm_momentum, ghbm_local_step, 
 
 FAMILIES = ("sgd", "localupdate", "fedcm", "ghbm", "fedhbm")
 EXTRA_OF_FAMILY = {"fedcm": "correction", "ghbm": "momentum_term", "fedhbm": "anchor"}
+# theta - a g + c with a per-client a and a c fixed in the round (strategies.math.affine_local_step): clients of these
+# families may take their steps together
+AFFINE_FAMILIES = ("sgd", "fedcm", "ghbm")
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,12 @@ class Algorithm:
     name: str
     family: str
     stateful: bool = False  # clients keep node-local state across rounds (strategies/client_state.py)
+
+    @property
+    def step_form(self) -> str:
+        """The step form: affine for the families of :data:`AFFINE_FAMILIES` (their clients may share a stacked
+        step), else the algorithm's own name."""
+        return "affine" if self.family in AFFINE_FAMILIES else self.name
 
     @property
     def replies_q(self) -> bool:

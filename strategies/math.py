@@ -100,13 +100,25 @@ def fedcm_correction(model: Params, prev_model: Params, server_lr: Any, momentum
     return [scale * (x - xp) for x, xp in zip(model, prev_model)]
 
 
+def affine_local_step(param: Any, grad: Any, client_lr: Any, shift: Any) -> Any:
+    """theta - a grad + c: the form the SGD (Eq. 91), FedCM (Eq. 101) and GHBM local steps share, with a step size a
+    and a term c fixed during the round (:func:`fedcm_shift`, :func:`ghbm_shift`; for SGD, c = -0.0 adds nothing to
+    any value). Clients of the three may be stepped together with per-client a and c."""
+    return param - client_lr * grad + shift
+
+
+def fedcm_shift(correction: Any, local_steps: Any) -> Any:
+    """FedCM's term of :func:`affine_local_step`: correction / J (paper 1 Eq. 101)."""
+    return correction / local_steps
+
+
 def fedcm_local_step(param: Any, grad: Any, client_lr: Any, momentum: Any, correction: Any, local_steps: int) -> Any:
     """One FedCM local step on one tensor (paper 1 Eq. 101).
 
     theta <- theta - eta_l (1 - beta) grad f_i(theta) + correction / J,
     with ``correction`` from :func:`fedcm_correction` and J = the client's local steps this round.
     """
-    return param - (client_lr * (1.0 - momentum)) * grad + correction / local_steps
+    return affine_local_step(param, grad, client_lr * (1.0 - momentum), fedcm_shift(correction, local_steps))
 
 
 def fedcm_server_update(model: Params, delta: Params, server_lr: Any) -> Params:
@@ -153,13 +165,18 @@ def ghbm_momentum(anchor: Params, model: Params, tau: Any) -> Params:
     return [(a - x) / tau for a, x in zip(anchor, model)]
 
 
+def ghbm_shift(momentum: Any, term: Any, local_steps: Any) -> Any:
+    """The GHBM family's term of :func:`affine_local_step`: -(beta / J) m (adding it subtracts (beta / J) m exactly)."""
+    return -((momentum / local_steps) * term)
+
+
 def ghbm_local_step(param: Any, grad: Any, client_lr: Any, momentum: Any, term: Any, local_steps: int) -> Any:
     """One local step of the GHBM family on one tensor: theta - eta_l grad - (beta / J) m.
 
     ``term`` is m: :func:`ghbm_momentum` (GHBM, LocalGHBM; fixed during the round) or
     :func:`fedhbm_momentum` (FedHBM; recomputed at every step). J = the client's local steps.
     """
-    return param - client_lr * grad - (momentum / local_steps) * term
+    return affine_local_step(param, grad, client_lr, ghbm_shift(momentum, term, local_steps))
 
 
 def fedhbm_momentum(anchor: Any, param: Any, participation: Any) -> Any:

@@ -5,11 +5,12 @@ together once every job waits (:func:`server.run.evaluator.metrics_of_many`: the
 pass over the shared data), before the round's training.
 
 With ``share`` (the default on an accelerator), clients of different jobs are stacked together when they share the
-round's settings (the fields of :data:`client.chunk.SHARED_FIELDS`: algorithm, batch size, local steps, ...): the
+round's settings (the fields of :data:`client.chunk.SHARED_FIELDS`: step form, batch size, local steps, ...): the
 jobs of a sweep over seeds, client learning rates or beta (:data:`client.chunk.PER_CLIENT_FIELDS`, per-client
-tensors of a chunk) train in the same chunks; jobs of different algorithms train in chunks of their own within the
-same round. Without it (the default on a CPU, where a chunk per job measured faster) each job's clients form the
-chunks of its lone run.
+tensors of a chunk) train in the same chunks, and so do FedAvgM's, FedCM's and the GHBM family's (one step form,
+theta - a g + c: :func:`strategies.math.affine_local_step`); LocalUpdate and FedHBM train in chunks of their own
+within the same round. Without it (the default on a CPU, where a chunk per job measured faster) each job's clients
+form the chunks of its lone run.
 Each client's computation is the one a lone ``engine=batched`` run makes (its own batches, augmentation and steps),
 so each job's results are that run's.
 

@@ -283,3 +283,53 @@ def test_a_batch_size_beyond_every_client_is_full_batch_without_padding_to_b():
     for a, b in zip(*results.values()):
         assert a.metrics["num-steps"] == b.metrics["num-steps"] == 1
         assert all(torch.equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+
+
+@pytest.mark.parametrize(
+    "model_name, dtype, edges",
+    [
+        *[("logreg", d, e) for d in (torch.float32, torch.float64) for e in (False, True)],
+        ("cnn", torch.float32, False),
+        ("cnn", torch.float64, True),
+    ],
+)
+def test_clients_of_fedavgm_fedcm_and_ghbm_in_one_chunk_train_as_in_a_chunk_of_their_own(model_name, dtype, edges):
+    """One step form (theta - a g + c, :func:`strategies.math.affine_local_step`): a FedAvgM, a FedCM and a GHBM client
+    in one chunk each train bitwise as in a chunk of three clients of its own algorithm (the same data, augmentation
+    and weight decay); with ``edges`` the FedAvgM client has eta_l = 0 and the others no term yet (FedCM's first round,
+    a LocalGHBM client's first participation)."""
+    import dataclasses
+
+    algorithms = ("fedavgm", "fedcm", "localghbm" if edges else "ghbm")
+
+    def clients_of(algorithm):
+        steps = 2 if model_name == "cnn" else 0  # the CNN: 2 steps a client (0: an epoch)
+        clients = stacked_clients(
+            algorithm, model, np.random.default_rng(2), weight_decay=1e-3, augment=True, local_steps=steps
+        )
+        if edges:
+            clients = [dataclasses.replace(c, correction=None, momentum_term=None) for c in clients]
+            clients[0] = dataclasses.replace(clients[0], cfg=dataclasses.replace(clients[0].cfg, client_lr=0.0))
+        return clients
+
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(0)
+        model = build_model(model_name)
+        alone = [
+            stacked_local_train(model, clients_of(a), MEAN, STD, torch.device("cpu"))[i]
+            for i, a in enumerate(algorithms)
+        ]
+        mixed_clients = [clients_of(a)[i] for i, a in enumerate(algorithms)]
+        mixed = stacked_local_train(model, mixed_clients, MEAN, STD, torch.device("cpu"))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert len(mixed) == len(algorithms) == len(mixed_clients)
+    for m, a in zip(mixed, alone):
+        for k in a.arrays:
+            assert m.arrays[k].dtype == a.arrays[k].dtype == dtype and torch.equal(m.arrays[k], a.arrays[k]), k
+        assert {k: v for k, v in m.metrics.items() if k != TRAIN_TIME} == {
+            k: v for k, v in a.metrics.items() if k != TRAIN_TIME
+        }
+    if edges:  # eta_l = 0: the FedAvgM client's model is the one it received
+        assert all(np.array_equal(mixed[0].arrays[k].numpy(), mixed_clients[0].initial[k]) for k in mixed[0].arrays)
