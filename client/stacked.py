@@ -48,8 +48,8 @@ def stacked_local_train(
     """One round of local training of every client in ``clients`` together (see the module docstring).
 
     ``model`` gives the architecture only (its weights are not used or changed); the clients must share their
-    round settings (algorithm, learning rate, batch size, ...), not their data, sizes or seeds. ``generic``: vmap of
-    autograd even for logistic regression (:func:`chunk_class`).
+    round settings (:data:`client.chunk.SHARED_FIELDS`: step form, batch size, ...), not their data, sizes, seeds,
+    learning rates or beta. ``generic``: vmap of autograd even for logistic regression (:func:`chunk_class`).
     """
     start_time = time.perf_counter()
     if not can_stack(model):
