@@ -3,7 +3,9 @@ together, with no actors, processes or serialisation in between.
 
 The ServerApp round loop and the strategies talk to it as to any Grid (``push_messages`` / ``pull_messages``,
 ``send_and_receive``, ``get_node_ids``). Node ``NODE_BASE + p`` holds partition ``p`` and has its own
-:class:`flwr.app.Context`, so its ClientApp state works as on a SuperNode. Every reply is built by the
+:class:`flwr.app.Context`, so its ClientApp state works as on a SuperNode; its ``node_config`` also carries this
+process's pid (``client-state-memory``): LocalGHBM and FedHBM clients of this process keep their states in memory and
+the server writes them to their files at its checkpoints (:mod:`strategies.client_state`). Every reply is built by the
 ClientApp's own code (:mod:`client.app`): query and evaluate messages go to its handlers; train messages are
 resolved by :func:`client.app.train_request` and answered by :func:`client.app.train_reply`, computed either
 
