@@ -121,6 +121,8 @@ class PartitionClientManager:
         self._collect(grid)
         self._probe(grid, connected)
         limit = self.query_timeout if timeout is None else timeout
+        if self._worth_waiting(need, limit):  # answers already in (an in-process grid answers as it is asked): no sleep
+            self._collect(grid)
         while self._worth_waiting(need, limit):
             time.sleep(self.poll_interval)
             self._collect(grid)

@@ -324,6 +324,17 @@ def test_queries_are_pulled_a_window_at_a_time_and_answered_windows_go_on_at_onc
     assert grid.pulls == [3, 3, 3, 1]  # one pass in one collection, no window over 3
 
 
+def test_answers_already_in_are_collected_without_a_poll_interval(clock):
+    """A grid that answers as it is asked (the batched engine): the start-up wait maps every partition without
+    sleeping, and a node that joins later and is needed is mapped in the same round, also without sleeping."""
+    grid = ScriptedGrid({11: claim(0), 12: claim(1)})
+    m = manager()
+    assert m.wait_for_nodes(grid) == 2 and clock.now == 1000.0
+    del grid.answers[11]
+    grid.answers[13] = claim(0)  # partition 0's node restarts under a new id: needed in round 1
+    assert m.select(1, grid) == [13, 12] and clock.now == 1000.0
+
+
 def test_a_mostly_silent_window_ends_the_pass_and_the_next_poll_takes_the_next_queries(monkeypatch, clock):
     """Unanswered queries go to the back: every query is pulled within ceil(pending / window) polls, so an answer
     behind silent nodes is not starved, and a window of silence does not make a poll pull everything."""
