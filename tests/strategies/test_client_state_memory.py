@@ -59,8 +59,11 @@ def test_a_node_of_this_process_keeps_its_state_in_memory_until_a_checkpoint(tmp
 
 
 def test_a_node_of_another_process_writes_its_files_at_once(tmp_path):
-    for node_config in (node(os.getpid() + 1), {"partition-id": 0}, None):
-        store = cs.ClientStateStore.from_config(config(tmp_path / str(len(node_config or ()))), 0, node_config)
+    """Another pid, no flag, no node_config, or a flag that is no pid (a SuperNode's --node-config is the user's):
+    files, as a deployed node writes them."""
+    others = (node(os.getpid() + 1), {"partition-id": 0}, None, node(str(os.getpid())), node(None), node([1]))
+    for node_config in others:
+        store = cs.ClientStateStore.from_config(config(tmp_path / str(id(node_config))), 0, node_config)
         assert not store.in_memory
         assert store.save(1, arrays(1.0)).is_file()
         assert cs.flush("mem1", keep_round=1) == 0
