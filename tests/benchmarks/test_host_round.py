@@ -21,4 +21,4 @@ def test_the_host_benchmark_splits_each_mode_and_times_client_states(tmp_path, c
     states = result["client_state_ms"]
     assert set(states) == {"logreg", "resnet20", "cnn"}
     parts = {"write", "read", "write through a BytesIO", "read through np.load", "keep", "read kept"}
-    assert all(set(row) == parts and min(row.values()) >= 0 for row in states.values())
+    assert all(set(row) == parts and min(row.values()) > 0 for row in states.values())  # ms to 3 decimals
