@@ -217,13 +217,13 @@ def _partition_id(context: Context) -> int:
 def train_request(msg: Message, context: Context) -> dict[str, Any]:
     """The keyword arguments of :func:`train_on_partition` that a train message asks for on this node."""
     content = msg.content
-    records = content.array_records
+    correction, momentum_term = content.get(P.FEDCM_CORRECTION), content.get(P.GHBM_MOMENTUM)
     return {
         "config": dict(content[P.CONFIG]),
         "arrays": content[P.ARRAYS],
         "partition_id": _partition_id(context),
-        "correction": content[P.FEDCM_CORRECTION] if P.FEDCM_CORRECTION in records else None,
-        "momentum_term": content[P.GHBM_MOMENTUM] if P.GHBM_MOMENTUM in records else None,
+        "correction": correction if isinstance(correction, ArrayRecord) else None,
+        "momentum_term": momentum_term if isinstance(momentum_term, ArrayRecord) else None,
         "node_config": context.node_config,
     }
 

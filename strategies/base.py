@@ -72,6 +72,7 @@ class ServerOptStrategy(FedAvg):
         self.keys: list[str] | None = None
         self.model: list[np.ndarray] | None = None
         self.prev_model: list[np.ndarray] | None = None
+        self._model_record: tuple[list[np.ndarray], ArrayRecord] | None = None  # (model, its record)
         self.last_round = 0
         self.round_info: dict[str, float] = {}
         self.round_nodes: set[int] = set()
@@ -131,8 +132,11 @@ class ServerOptStrategy(FedAvg):
         self.prev_model = [np.asarray(arrays[f"prev_model/{k}"]) for k in self.keys]
 
     def model_record(self) -> ArrayRecord:
-        """The current global model as an ArrayRecord."""
-        return npy.to_record(self.keys, self.model)
+        """The current global model as an ArrayRecord, encoded once per model: a round's result and the next round's
+        messages share it (a model is never changed in place: every update makes a new list)."""
+        if self._model_record is None or self._model_record[0] is not self.model:
+            self._model_record = (self.model, npy.to_record(self.keys, self.model))
+        return self._model_record[1]
 
     def _ensure_model(self, arrays: ArrayRecord) -> None:
         if self.model is None:
@@ -149,7 +153,7 @@ class ServerOptStrategy(FedAvg):
         return node_ids
 
     def _round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        cfg = ConfigRecord(dict(config))
+        cfg = config.copy() if isinstance(config, ConfigRecord) else ConfigRecord(dict(config))  # copy: checked once
         cfg[protocol.ALGORITHM] = self.algorithm
         cfg[protocol.SERVER_ROUND] = server_round
         cfg[protocol.SERVER_LR] = self.current_server_lr(server_round)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from strategies import npy, protocol
 from strategies.math import Params, l2_norm
@@ -87,10 +88,10 @@ def check_reply(content: RecordDict, spec: ReplySpec, client_update: Callable[[P
 
 
 def _check_arrays(content: RecordDict, spec: ReplySpec) -> list[np.ndarray]:
-    records = content.array_records
+    records = _of_type(content, ArrayRecord)
     if len(records) != 1:
         raise RejectedReply(f"expected exactly one ArrayRecord, got {len(records)}")
-    record = next(iter(records.values()))
+    record = records[0]
     keys = list(record.keys())
     if sorted(keys) != sorted(spec.keys):
         missing, extra = sorted(set(spec.keys) - set(keys)), sorted(set(keys) - set(spec.keys))
@@ -115,10 +116,10 @@ def _check_arrays(content: RecordDict, spec: ReplySpec) -> list[np.ndarray]:
 
 
 def _check_metrics(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, float], float]:
-    records = content.metric_records
+    records = _of_type(content, MetricRecord)
     if len(records) != 1:
         raise RejectedReply(f"expected exactly one MetricRecord, got {len(records)}")
-    record = next(iter(records.values()))
+    record = records[0]
     metrics: dict[str, float] = {}
     for key, value in record.items():
         if isinstance(value, list):  # list metrics are not aggregated; they only need to be finite
@@ -141,6 +142,12 @@ def _check_metrics(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, floa
     if metrics.get(protocol.NONFINITE, 0.0) > 0:
         raise RejectedReply("the client reported non-finite local training")
     return metrics, weight
+
+
+def _of_type(content: RecordDict, kind: type) -> list[Any]:
+    """The records of ``content`` of type ``kind``, in order (``content.array_records`` and the like build a synced
+    dictionary, checking each entry, on every access)."""
+    return [record for record in content.values() if isinstance(record, kind)]
 
 
 def _is_number(value: object) -> bool:

@@ -50,7 +50,8 @@ COLUMNS = (
 
 
 class MetricsWriter:
-    """Appends one row per round to metrics.csv and metrics.jsonl, flushing each row to disk."""
+    """Appends one row per round to metrics.csv and metrics.jsonl, flushing each row to disk; both files stay open
+    until :meth:`close`."""
 
     def __init__(self, run_dir: Path, keep_rounds_upto: int | None = None) -> None:
         self.csv_path = run_dir / "metrics.csv"
@@ -59,6 +60,9 @@ class MetricsWriter:
         rows = [r for r in rows if keep_rounds_upto is not None and r["round"] <= keep_rounds_upto]
         self._rewrite(rows)  # drop rows past the checkpoint a resumed run starts from
         self.rows = rows
+        self._csv = open(self.csv_path, "a", newline="")  # noqa: SIM115 - open for the run, closed by close()
+        self._jsonl = open(self.jsonl_path, "a")  # noqa: SIM115
+        self._csv_rows = csv.DictWriter(self._csv, fieldnames=COLUMNS)
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         with open(self.csv_path, "w", newline="") as f:
@@ -71,12 +75,21 @@ class MetricsWriter:
     def append(self, row: dict[str, Any]) -> None:
         """Write one round's metrics to both files now."""
         self.rows.append(row)
-        with open(self.csv_path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=COLUMNS).writerow({k: _fmt(row.get(k)) for k in COLUMNS})
-            f.flush()
-        with open(self.jsonl_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
+        self._csv_rows.writerow({k: _fmt(row.get(k)) for k in COLUMNS})
+        self._csv.flush()
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+
+    def close(self) -> None:
+        """Close both files (every row is already on disk); no row can be appended after."""
+        self._csv.close()
+        self._jsonl.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _fmt(value: Any) -> Any:

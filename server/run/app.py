@@ -268,6 +268,8 @@ class Run:
         """Release what the run holds beyond its run directory (its clients' states kept in memory); the run is over."""
         if self.strategy is not None:
             self.strategy.run_closed()
+        if self.writer is not None:
+            self.writer.close()
 
     def run(self, grid: Grid) -> dict[str, Any]:
         """The whole loop on ``grid``: resume, then every round's steps, then finish; returns the summary."""

@@ -12,9 +12,9 @@ def write_run(path, name, seed, client_lr):
     """A run directory with config.json and per-round client_lr / pop_gap rows (no pop_gap at round 2)."""
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"strategy": {"name": name}, "seed": seed}))
-    writer = MetricsWriter(path)
-    for t, lr in enumerate(client_lr, start=1):
-        writer.append({"round": t, "client_lr": lr, "pop_gap": None if t == 2 else lr / 10})
+    with MetricsWriter(path) as writer:
+        for t, lr in enumerate(client_lr, start=1):
+            writer.append({"round": t, "client_lr": lr, "pop_gap": None if t == 2 else lr / 10})
 
 
 def test_plot_any_column_log_scale(tmp_path):
@@ -57,3 +57,20 @@ def test_legend_names_only_the_keys_that_differ():
     assert _legend_labels(["run1", "run2"]) == {"run1": "run1", "run2": "run2"}  # no config.json: the dir names
     lists = ["strategy.theta=[1, 2], seed=0", "strategy.theta=[2, 1], seed=0"]  # a value holding ", ": as is
     assert _legend_labels(lists) == {k: k for k in lists}
+
+
+def test_each_metrics_row_is_on_disk_when_appended_and_a_resume_keeps_the_rows_up_to_its_round(tmp_path):
+    """The writer keeps its files open, so every row must reach the files at once, not at close."""
+    from server.report.metrics import read_metrics
+
+    writer = MetricsWriter(tmp_path)
+    for t in (1, 2, 3):
+        writer.append({"round": t, "train_loss": 1.0 / t})
+        assert [r["round"] for r in read_metrics(tmp_path)] == list(range(1, t + 1))
+        assert (tmp_path / "metrics.csv").read_text().count("\n") == t + 1  # header + rows
+    writer.close()
+    with MetricsWriter(tmp_path, keep_rounds_upto=2) as resumed:
+        assert [r["round"] for r in resumed.rows] == [1, 2]
+        resumed.append({"round": 3, "train_loss": 0.5})
+    assert [(r["round"], r["train_loss"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 0.5), (3, 0.5)]
+    assert (tmp_path / "metrics.csv").read_text().count("\n") == 4

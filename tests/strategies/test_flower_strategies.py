@@ -210,3 +210,21 @@ def test_failures_are_counted():
 def test_invalid_values_name_the_parameter(factory, name):
     with pytest.raises(ValueError, match=name):
         factory()
+
+
+def test_the_model_is_encoded_once_per_model_and_the_round_config_is_a_copy():
+    """A round's result and the next round's messages share one record of the model; an update makes a new record,
+    and each round's config is its own copy of the static part."""
+    grid = NodeList([1, 2])
+    s = FedCM(server_lr=0.5, client_lr=0.1, momentum=0.9)
+    static = ConfigRecord({"batch-size": 8})
+    msgs = list(s.configure_train(1, initial_record(), static, grid))
+    arrays, _ = s.aggregate_train(1, replies_for(msgs, 1))
+    msgs2 = list(s.configure_train(2, arrays, static, grid))
+    assert msgs2[0].content["arrays"] is arrays  # the round's result, not encoded again
+    np.testing.assert_array_equal(arrays["w"].numpy(), s.model[s.keys.index("w")])
+    assert msgs2[0].content["config"]["server-round"] == 2 and "server-round" not in static
+    assert msgs[0].content["config"]["server-round"] == 1  # round 1's config is not round 2's
+    arrays2, _ = s.aggregate_train(2, replies_for(msgs2, 2))
+    assert arrays2 is not arrays and not np.array_equal(arrays2["w"].numpy(), arrays["w"].numpy())
+    np.testing.assert_array_equal(arrays2["w"].numpy(), s.model[s.keys.index("w")])

@@ -32,12 +32,10 @@ ARRAYS = {
 def test_to_array_writes_the_bytes_flower_writes(name: str) -> None:
     a = ARRAYS[name]
     ours, flowers = npy.to_array(a), Array(a)
-    assert (ours.dtype, ours.shape, ours.stype, ours.data) == (
-        flowers.dtype,
-        flowers.shape,
-        flowers.stype,
-        flowers.data,
-    )
+    assert type(ours) is Array and vars(ours) == vars(flowers)  # every attribute, the bytes and the dirty flag
+    assert ours.object_id == flowers.object_id
+    ours.data = b"changed"  # what Flower's own Array does on a change
+    assert not hasattr(ours, "_object_id") and ours.is_dirty
 
 
 @pytest.mark.parametrize("name", ARRAYS)
