@@ -34,6 +34,12 @@ def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return buffer.getvalue()
 
 
+@lru_cache(maxsize=256)
+def dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)`` (the name an Array carries), built once per dtype: numpy builds it in Python every time."""
+    return str(dtype)
+
+
 def _plain(dtype: np.dtype) -> bool:
     """Whether ``np.save`` writes ``dtype`` as raw bytes (no pickling, no structured fields)."""
     return dtype.kind in PLAIN_KINDS and dtype.fields is None and not dtype.hasobject
@@ -45,7 +51,7 @@ def to_array(value: Any) -> Array:
     a = np.asarray(value)
     if not (_plain(a.dtype) and a.flags.c_contiguous):
         return Array(a)
-    return _numpy_array(str(a.dtype), tuple(a.shape), b"".join((_header(a.dtype, a.shape), a.data)))
+    return _numpy_array(dtype_name(a.dtype), tuple(a.shape), b"".join((_header(a.dtype, a.shape), a.data)))
 
 
 def _numpy_array(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:

@@ -101,7 +101,7 @@ def _check_arrays(content: RecordDict, spec: ReplySpec) -> list[np.ndarray]:
         array = record[key]
         if tuple(array.shape) != shape:  # checked on the metadata before decoding any bytes
             raise RejectedReply(f"array {key!r} has shape {tuple(array.shape)}, expected {shape}")
-        if str(array.dtype) != str(dtype):
+        if str(array.dtype) != npy.dtype_name(dtype):
             raise RejectedReply(f"array {key!r} has dtype {array.dtype}, expected {dtype}")
         try:
             value = npy.to_numpy(array)
@@ -109,7 +109,7 @@ def _check_arrays(content: RecordDict, spec: ReplySpec) -> list[np.ndarray]:
             raise RejectedReply(f"array {key!r} cannot be decoded ({type(err).__name__})") from None
         if value.shape != shape or value.dtype != dtype:
             raise RejectedReply(f"array {key!r} decodes to {value.dtype}{value.shape}, expected {dtype}{shape}")
-        if not np.all(np.isfinite(value)):
+        if not np.isfinite(value).all():
             raise RejectedReply(f"array {key!r} has non-finite values")
         out.append(value)
     return out

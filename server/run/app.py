@@ -314,7 +314,7 @@ def _divergence(strategy: Any) -> str:
     Client replies with NaN/inf never reach the model (the strategy rejects them), so one diverging client
     cannot end a run; the test loss is checked after each evaluation.
     """
-    if strategy.model is not None and not all(np.all(np.isfinite(a)) for a in strategy.model):
+    if strategy.model is not None and not all(np.isfinite(a).all() for a in strategy.model):
         return "the global model has non-finite weights"
     return ""
 
