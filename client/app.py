@@ -26,7 +26,16 @@ from client.datasets import NATURAL_DATASETS, NaturalData, load_task
 from client.examples import Examples, ImageExamples
 from client.models import build_model
 from client.partition import dirichlet_partition
-from client.train import TrainConfig, TrainResult, as_named, evaluate_examples, get_device, load_arrays, train_examples
+from client.train import (
+    TrainConfig,
+    TrainResult,
+    as_named,
+    evaluate_examples,
+    get_device,
+    load_arrays,
+    state_shapes,
+    train_examples,
+)
 from strategies import client_state, npy
 from strategies import protocol as P
 from strategies.client_step import algorithm as registered_algorithm
@@ -139,7 +148,7 @@ def prepare_train(
     if load:
         load_arrays(model, received)
     else:
-        as_named(model.state_dict(), received, "model arrays")
+        as_named(state_shapes(model), received, "model arrays")
     train_cfg = C.train_config(cfg, partition_id)
     job = TrainJob(
         cfg,
@@ -155,7 +164,7 @@ def prepare_train(
     )
     algorithm = job.train_cfg.algorithm
     if registered_algorithm(algorithm).stateful:
-        job.received = {k: np.asarray(v) for k, v in as_named(model.state_dict(), received, "model arrays").items()}
+        job.received = {k: np.asarray(v) for k, v in as_named(state_shapes(model), received, "model arrays").items()}
         job.store = client_state.ClientStateStore.from_config(cfg, partition_id, node_config)
         state, job.state_metrics = client_state.round_input(
             job.store, algorithm, job.train_cfg.server_round, job.received

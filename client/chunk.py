@@ -22,6 +22,7 @@ from client.train import (
     loss_before_indices,
     num_local_steps,
     round_generator,
+    state_shapes,
 )
 from strategies.client_step import extra_name, local_step
 from strategies.math import affine_local_step, fedcm_shift, ghbm_shift, localupdate_accumulate
@@ -129,7 +130,7 @@ def _stack(
     if all(a is None for a in arrays):
         return None
     state = model.state_dict()
-    named = [as_named(state, a, what) if a is not None else None for a in arrays]
+    named = [as_named(state_shapes(model), a, what) if a is not None else None for a in arrays]
     out = {}
     for k in names:
         rows = [torch.as_tensor(np.asarray(n[k])) if n is not None else torch.zeros_like(state[k]) for n in named]
@@ -432,7 +433,7 @@ class Chunk:
         are all finite: one copy and one finiteness reduction per stacked tensor, not per client (each client's
         arrays are views of the copy)."""
         source = self.q if self.family == "localupdate" else self.params
-        names = list(self.model.state_dict())
+        names = list(state_shapes(self.model))
         stacked = {k: source[k].detach() for k in names}
         per_client = [
             torch.isfinite(v).flatten(1).all(1) if v.dim() > 1 else torch.isfinite(v) for v in stacked.values()

@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -167,7 +168,7 @@ def batch_indices(
 def load_arrays(model: nn.Module, arrays: Mapping[str, Any] | Sequence[Any]) -> None:
     """Copy arrays into the model: a mapping keyed by state_dict names, or a list in state_dict order."""
     state = model.state_dict()
-    values = as_named(state, arrays, "model arrays")
+    values = as_named(state_shapes(model), arrays, "model arrays")
     model.load_state_dict(
         {
             k: torch.as_tensor(np.asarray(v) if not torch.is_tensor(v) else v).to(state[k].dtype)
@@ -176,22 +177,35 @@ def load_arrays(model: nn.Module, arrays: Mapping[str, Any] | Sequence[Any]) -> 
     )
 
 
-def as_named(state: Mapping[str, torch.Tensor], arrays: Mapping[str, Any] | Sequence[Any], what: str) -> dict:
-    """Key ``arrays`` by the state_dict names (accepting "0", "1", ... keys or a plain list) and check shapes."""
+_SHAPES: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
+
+
+def state_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of ``model.state_dict()``, in its order, built once per model object (a model's layers never
+    change; ``state_dict()`` walks the module tree on every call: 0.14 ms for ResNet-20)."""
+    shapes = _SHAPES.get(model)
+    if shapes is None:
+        shapes = _SHAPES[model] = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return shapes
+
+
+def as_named(shapes: Mapping[str, tuple[int, ...]], arrays: Mapping[str, Any] | Sequence[Any], what: str) -> dict:
+    """Key ``arrays`` by the model's state_dict names (accepting "0", "1", ... keys or a plain list) and check their
+    shapes against ``shapes`` (:func:`state_shapes`)."""
     if isinstance(arrays, Mapping):
-        if set(arrays) == set(state):
+        if arrays.keys() == shapes.keys():
             named = dict(arrays)
-        elif set(arrays) == {str(i) for i in range(len(state))}:
-            named = {k: arrays[str(i)] for i, k in enumerate(state)}
+        elif set(arrays) == {str(i) for i in range(len(shapes))}:
+            named = {k: arrays[str(i)] for i, k in enumerate(shapes)}
         else:
             raise ValueError(f"{what}: keys {sorted(arrays)[:4]}... match neither the model's names nor '0', '1', ...")
     else:
-        if len(arrays) != len(state):
-            raise ValueError(f"{what}: {len(arrays)} arrays for {len(state)} model tensors")
-        named = dict(zip(state, arrays))
+        if len(arrays) != len(shapes):
+            raise ValueError(f"{what}: {len(arrays)} arrays for {len(shapes)} model tensors")
+        named = dict(zip(shapes, arrays))
     for k, v in named.items():
-        if tuple(v.shape) != tuple(state[k].shape):
-            raise ValueError(f"{what}: {k} has shape {tuple(v.shape)}, model has {tuple(state[k].shape)}")
+        if tuple(v.shape) != shapes[k]:
+            raise ValueError(f"{what}: {k} has shape {tuple(v.shape)}, model has {shapes[k]}")
     return named
 
 
@@ -303,7 +317,7 @@ def _per_param(
     """One tensor per trainable parameter (in ``params`` order, on ``device``) from arrays keyed like the model."""
     if arrays is None:
         return None
-    named = as_named(model.state_dict(), arrays, what)
+    named = as_named(state_shapes(model), arrays, what)
     return [
         torch.as_tensor(np.asarray(named[k]) if not torch.is_tensor(named[k]) else named[k]).to(device, p.dtype)
         for k, p in zip(names, params)

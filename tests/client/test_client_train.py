@@ -11,7 +11,15 @@ import torch.nn.functional as F
 
 from client.augment import prepare_batch
 from client.models import build_model
-from client.train import NONFINITE, TrainConfig, batch_indices, load_arrays, local_train, num_local_steps
+from client.train import (
+    NONFINITE,
+    TrainConfig,
+    batch_indices,
+    load_arrays,
+    local_train,
+    num_local_steps,
+    state_shapes,
+)
 from strategies import protocol as P
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -146,6 +154,18 @@ def test_load_arrays_accepts_names_and_lists() -> None:
         load_arrays(dst, {k: np.zeros(1) for k in src.state_dict()})
     with pytest.raises(ValueError, match="arrays for"):
         load_arrays(dst, arrays[:-1])
+
+
+def test_state_shapes_are_the_state_dicts_built_once_per_model_object() -> None:
+    for name in ("logreg", "cnn", "resnet20"):
+        model = build_model(name, 10)
+        shapes = state_shapes(model)
+        assert list(shapes.items()) == [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+        assert state_shapes(model) is shapes  # cached: the module tree is walked once
+        assert state_shapes(build_model(name, 7)) is not shapes  # another object, its own shapes
+    wrong = {k: np.zeros(v[::-1] + (2,)) for k, v in state_shapes(model).items()}
+    with pytest.raises(ValueError, match="model arrays: conv1.weight has shape"):
+        load_arrays(model, wrong)
 
 
 def test_config_validation() -> None:
