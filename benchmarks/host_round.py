@@ -62,7 +62,7 @@ SPLIT = {  # a part of a round: the function of server.batched.grid whose wall t
 
 
 @contextlib.contextmanager
-def _split_timers(seconds: dict[str, float]) -> Iterator[None]:
+def split_timers(seconds: dict[str, float]) -> Iterator[None]:
     """Add the wall time of each :data:`SPLIT` function to ``seconds`` while the block runs (a group's chunks are
     computed one at a time with ``--workers 1``, so the parts do not overlap)."""
     owners = {
@@ -93,10 +93,10 @@ def _split_timers(seconds: dict[str, float]) -> Iterator[None]:
 
 def _timed(out: Path, tag: str, args: argparse.Namespace, rounds: int, group: bool) -> dict[str, float]:
     """Seconds of the jobs at ``rounds`` rounds: the whole and each part of :data:`SPLIT`."""
-    ns = _ns(args.jobs, rounds, args.workers)
+    ns = sweep_args(args.jobs, rounds, args.workers)
     cfgs = jobs("host", out / tag, "stacked" if group else "batched", ns, str(out / "tiny"), str(out / "cache"))
     seconds = dict.fromkeys(SPLIT, 0.0)
-    with _split_timers(seconds):
+    with split_timers(seconds):
         start = time.perf_counter()
         if group:
             outcomes = run_jobs(cfgs, share_chunks=True)
@@ -108,7 +108,8 @@ def _timed(out: Path, tag: str, args: argparse.Namespace, rounds: int, group: bo
     return seconds
 
 
-def _ns(num_jobs: int, rounds: int, workers: str = "auto") -> argparse.Namespace:
+def sweep_args(num_jobs: int, rounds: int, workers: str = "auto") -> argparse.Namespace:
+    """The arguments :func:`benchmarks.stacked_sweep.jobs` reads for the host setting."""
     return argparse.Namespace(jobs=num_jobs, host_rounds=rounds, workers=workers)
 
 
@@ -124,7 +125,7 @@ def per_round(out: Path, args: argparse.Namespace, group: bool, repeat: int) -> 
 
 def profile_split(out: Path, args: argparse.Namespace) -> dict[str, float]:
     profile = cProfile.Profile()
-    ns = _ns(2, args.rounds, args.workers)
+    ns = sweep_args(2, args.rounds, args.workers)
     cfg = jobs("host", out / "profiled", "batched", ns, str(out / "tiny"), str(out / "cache"))[1]
     profile.enable()
     simulate(cfg)
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not (out / "tiny").exists():
         make_image_folder(out / "tiny", per_class=12, test_per_class=4, seed=1)
-    _timed(out, "warm", _ns(1, 0), 3, group=False)
+    _timed(out, "warm", sweep_args(1, 0), 3, group=False)
     lone, group = [], []
     for r in range(args.repeats):  # interleaved
         lone.append(per_round(out, args, False, r))
