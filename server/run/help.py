@@ -6,10 +6,15 @@ Each command's help template (``hydra/help``, selected in its primary config) ca
   ``$APP_CONFIG_GROUPS`` lists), without the groups that do not apply to COMMAND; the current choice is marked;
 - ``${fm_settings:COMMAND}``: the composed config (with the command line's overrides) as YAML, without the
   sections that do not apply to COMMAND (interpolations unresolved, their ``$`` doubled for Hydra's template).
+
+OmegaConf resolves the template whenever Hydra composes (a merge dereferences the interpolated string), and Hydra's
+listing of the groups costs about a second: both resolvers build their text only when the command line asks for
+``--help`` (:func:`help_wanted`), and are a short placeholder otherwise.
 """
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from typing import Any
 
@@ -20,6 +25,7 @@ NOT_FOR = {
 }
 ADDED_GROUPS = ("experiment", "method", "sweep")  # presets without a default: +GROUP=OPTION
 WIDTH = 116  # characters per line of the group listing
+NOT_HELP = "(the command's --help lists this)"  # what the resolvers return when --help was not asked for
 
 
 def _hydra() -> Any:
@@ -37,8 +43,15 @@ def _choices() -> dict[str, Any]:
         return {}
 
 
+def help_wanted(argv: list[str] | None = None) -> bool:
+    """Whether the command line (``sys.argv``, what Hydra parses) asks for ``--help`` / ``-h``."""
+    return any(arg in ("--help", "-h") for arg in (sys.argv[1:] if argv is None else argv))
+
+
 def config_groups(command: str) -> str:
     """``  strategy=   fedavg*, fedavgm, …`` per group of ``conf/`` that applies to ``command`` (* = chosen)."""
+    if not help_wanted():
+        return NOT_HELP
     hydra = _hydra()
     skip = NOT_FOR.get(command, set())
     groups = [g for g in hydra.list_all_config_groups() if not g.startswith("hydra") and g.split("/")[0] not in skip]
@@ -55,6 +68,8 @@ def config_groups(command: str) -> str:
 
 def settings(command: str, root: Any) -> str:
     """The composed config as YAML without ``hydra`` and the sections ``command`` ignores."""
+    if not help_wanted():
+        return NOT_HELP
     from omegaconf import OmegaConf
 
     skip = NOT_FOR.get(command, set()) | {"hydra"}

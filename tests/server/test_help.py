@@ -95,3 +95,21 @@ def test_hydra_help_follows_the_command_line():
     )
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"  strategy=.* fedcm\*", proc.stdout) and "num_rounds: 7" in proc.stdout
+
+
+def test_the_help_listing_is_built_only_for_help(monkeypatch):
+    """OmegaConf resolves the help template on every compose: without --help the resolvers return a placeholder
+    and never ask Hydra for its groups (no Hydra is set up here: asking would raise)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from server.run import help as cli_help
+
+    GlobalHydra.instance().clear()
+    monkeypatch.setattr(sys, "argv", ["flower-simulation", "num_rounds=3", "model.name=-h"])
+    assert not cli_help.help_wanted()
+    assert cli_help.config_groups("flower-simulation") == cli_help.NOT_HELP
+    assert cli_help.settings("flower-simulation", {"num_rounds": 3}) == cli_help.NOT_HELP
+    assert cli_help.help_wanted(["num_rounds=3", "--help"]) and cli_help.help_wanted(["-h"])
+    monkeypatch.setattr(sys, "argv", ["flower-simulation", "--help"])
+    with pytest.raises(AttributeError):  # the real listing: it asks the (absent) Hydra for its groups
+        cli_help.config_groups("flower-simulation")
