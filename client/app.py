@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from client import config as C
@@ -36,7 +36,7 @@ from client.train import (
     state_shapes,
     train_examples,
 )
-from strategies import client_state, npy
+from strategies import client_state, npy, records
 from strategies import protocol as P
 from strategies.client_step import algorithm as registered_algorithm
 from strategies.client_step import extra_name
@@ -249,10 +249,10 @@ def train_reply(
     current = context.state.get(STATE_KEY)
     if not isinstance(current, ConfigRecord) or dict(current) != data:  # building one validates every value
         context.state[STATE_KEY] = ConfigRecord(data)
-    reply = RecordDict(
+    reply = records.record_dict(
         {
             P.ARRAYS: npy.to_record(list(arrays), list(arrays.values())),
-            P.METRICS: MetricRecord(dict(metrics)),
+            P.METRICS: records.metric_record(metrics),
         }
     )
     return Message(reply, reply_to=msg)
@@ -276,7 +276,7 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     if P.CONFIG in msg.content.config_records:
         config.update(dict(msg.content[P.CONFIG]))
     metrics = evaluate_on_partition(config, msg.content[P.ARRAYS], _partition_id(context), context.node_config)
-    return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
+    return Message(records.record_dict({P.METRICS: records.metric_record(metrics)}), reply_to=msg)
 
 
 @app.query()

@@ -9,19 +9,19 @@ train reply passes :func:`strategies.validation.check_reply` before any aggregat
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from server.internals.flower_strategy import sample_nodes
 from strategies import math as fm
-from strategies import npy, protocol, schedules, validation
+from strategies import npy, protocol, records, schedules, validation
 from strategies.client_manager import PartitionClientManager
 
 
@@ -174,7 +174,7 @@ class ServerOptStrategy(FedAvg):
         if self.fraction_train == 0.0:
             return []
         node_ids = self._select_nodes(server_round, grid)
-        content = RecordDict(
+        content = records.record_dict(
             {
                 self.arrayrecord_key: self.model_record(),
                 self.configrecord_key: self._round_config(server_round, config),
@@ -249,10 +249,10 @@ class ServerOptStrategy(FedAvg):
         accepted = self._validate_replies(server_round, received)
         server_lr = self.current_server_lr(server_round)
         client_lr = self.current_client_lr(server_round)
-        metrics = MetricRecord()
+        metrics: dict[str, Any] = {}  # the round's MetricRecord, built once at the end (records.metric_record)
         if accepted:
             weights = [c.weight for c in accepted]
-            metrics = MetricRecord(validation.aggregate_metrics([c.metrics for c in accepted], weights))
+            metrics = validation.aggregate_metrics([c.metrics for c in accepted], weights)
             pseudo_gradient = self._server_update(server_round, [c.arrays for c in accepted], weights)
             metrics[protocol.UPDATE_NORM] = fm.l2_norm(pseudo_gradient)
             metrics[protocol.CLIENT_UPDATE_NORM] = sum(c.update_norm * w for c, w in zip(accepted, weights)) / sum(
@@ -270,7 +270,7 @@ class ServerOptStrategy(FedAvg):
         metrics[protocol.SERVER_LR] = server_lr
         if client_lr is not None:
             metrics[protocol.CLIENT_LR] = client_lr
-        return (self.model_record() if accepted else None), metrics
+        return (self.model_record() if accepted else None), records.metric_record(metrics)
 
-    def _after_update(self, server_round: int, metrics: MetricRecord) -> None:
+    def _after_update(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         """Hook run after each server update (LocalUpdateDecay feeds its plateau rule here)."""

@@ -10,12 +10,12 @@ momentum term, Theta), so clients stay stateless. Every reply is validated befor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common.logger import log
 
 from strategies import math as fm
@@ -200,7 +200,7 @@ class LocalUpdateDecay(LocalUpdate):
     def base_client_lr(self) -> float:
         return self.decay_state.client_lr
 
-    def _after_update(self, server_round: int, metrics: MetricRecord) -> None:
+    def _after_update(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         before = self.decay_state.num_decays
         self.decay_state = schedules.plateau_decay_step(
             self.decay_state, float(metrics[protocol.LOSS_BEFORE]), self.decay_config

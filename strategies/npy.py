@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from strategies import records
+
 NUMPY_STYPE = "numpy.ndarray"
 PLAIN_KINDS = "biufc"  # bool, integers, floats, complex: dtypes np.save writes without pickling
 
@@ -90,10 +92,7 @@ def to_record(keys: Sequence[str], arrays: Sequence[Any]) -> ArrayRecord:
     build every Array a second time (its ``from_array_dict``)."""
     if len(keys) != len(arrays):
         raise ValueError(f"{len(keys)} keys for {len(arrays)} arrays")
-    record = ArrayRecord()
-    for k, a in zip(keys, arrays):
-        record[k] = to_array(a)
-    return record
+    return records.array_record({k: to_array(a) for k, a in zip(keys, arrays)})
 
 
 def record_arrays(record: ArrayRecord | Mapping[str, Array]) -> dict[str, np.ndarray]:
