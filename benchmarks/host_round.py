@@ -13,8 +13,10 @@ the host's work: strategy, Flower messages, reply validation, metrics rows, logg
     python -m benchmarks.host_round --jobs 8 --rounds 200 --repeats 3
 
 Prints ms per job-round of each mode and its split, a cProfile split of a lone run's rounds (FedCM), ms to write and
-read a client's state (FedHBM, LocalGHBM) of each model, and µs to write and read a model array as a Flower Array
-(``Array(ndarray)`` / ``Array.numpy()`` against :mod:`strategies.npy`).
+read a client's state (FedHBM, LocalGHBM) of each model, µs to write and read a model array as a Flower Array
+(``Array(ndarray)`` / ``Array.numpy()`` against :mod:`strategies.npy`), and µs of a run.log line and of that array
+code in a loop and right after a pass over 16 MB (``cold_us``: the host's Python between a round's arithmetic runs
+from evicted caches, slower than a loop of it shows).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import contextlib
 import cProfile
 import io
 import json
+import logging
 import os
 import pstats
 import statistics
@@ -229,6 +232,47 @@ def codec_us(repeats: int = 2000) -> dict[str, dict[str, float]]:
     return out
 
 
+EVICT_MB = 16  # a pass over this much data between two timed calls: what a round's arithmetic does to the caches
+
+
+def cold_us(repeats: int = 2000) -> dict[str, dict[str, float]]:
+    """µs of host operations of a round, called in a loop (``warm``) and each right after a pass over
+    :data:`EVICT_MB` MB (``after a pass``, as between a round's steps): a run.log line (a FileHandler with a run's
+    format, flushed), writing the logistic regression's weight as a Flower Array (:func:`strategies.npy.to_array`)
+    and reading it back (:func:`strategies.npy.to_numpy`); medians of ``repeats`` calls."""
+    weight = np.zeros((10, 3072), np.float32)
+    array = npy.to_array(weight)
+    evict = np.ones(EVICT_MB * 2**20 // 8)
+    logger = logging.getLogger("benchmarks.host_round.cold")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    with tempfile.TemporaryDirectory() as root:
+        handler = logging.FileHandler(Path(root) / "run.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        ops = {
+            "run.log line": lambda: logger.info("%s: Received %s results and %s failures", "aggregate_train", 3, 0),
+            "write: npy.to_array (weight)": lambda: npy.to_array(weight),
+            "read: npy.to_numpy (weight)": lambda: npy.to_numpy(array),
+        }
+        out: dict[str, dict[str, float]] = {}
+        try:
+            for name, op in ops.items():
+                times: dict[str, list[float]] = {"warm": [], "after a pass": []}
+                for i in range(2 * repeats):
+                    cold = i % 2 == 1
+                    if cold:
+                        evict.sum()
+                    start = time.perf_counter()
+                    op()
+                    times["after a pass" if cold else "warm"].append(time.perf_counter() - start)
+                out[name] = {k: round(1e6 * statistics.median(v), 2) for k, v in times.items()}
+        finally:
+            logger.removeHandler(handler)
+            handler.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=8)
@@ -261,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
         "all": {"lone": [round(x["whole"], 2) for x in lone], "group": [round(x["whole"], 2) for x in group]},
         "lone_round_split": profile_split(out, args),
         "codec_us": codec_us(),
+        "cold_us": cold_us(),
         "client_state_ms": state_ms(),
     }
     print(json.dumps(result, indent=1))

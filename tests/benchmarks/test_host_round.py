@@ -22,3 +22,6 @@ def test_the_host_benchmark_splits_each_mode_and_times_client_states(tmp_path, c
     assert set(states) == {"logreg", "resnet20", "cnn"}
     parts = {"write", "read", "write through a BytesIO", "read through np.load", "keep", "read kept"}
     assert all(set(row) == parts and min(row.values()) > 0 for row in states.values())  # ms to 3 decimals
+    cold = result["cold_us"]
+    assert set(cold) == {"run.log line", "write: npy.to_array (weight)", "read: npy.to_numpy (weight)"}
+    assert all(set(row) == {"warm", "after a pass"} and min(row.values()) > 0 for row in cold.values())
