@@ -171,6 +171,7 @@ class BatchedGrid(Grid):
         return self.device.type == "cuda" or not any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 
     def _train(self, messages: list[Message]) -> None:
+        self.start_round_clock()
         entries = self.prepare_stacked(messages)
         if entries is None:
             return
@@ -245,10 +246,16 @@ class BatchedGrid(Grid):
             self.workers.close()
             self.workers = None
 
+    def start_round_clock(self) -> None:
+        """A round's training starts: its progress lines count from now."""
+        self._round_started = time.monotonic()
+        self._next_report = self._round_started + self.report_every
+
     def _progress(self, done: int, total: int) -> None:
-        """A progress line every ``report_every`` seconds of one round's training."""
+        """A progress line when ``report_every`` seconds of the round's training have passed since the last one (or
+        its start); a late line is followed by one at each completion until the lines catch up with the clock."""
         now = time.monotonic()
-        if self._round_started is None:
+        if self._round_started is None:  # no clock started for this round: it starts now
             self._round_started, self._next_report = now, now + self.report_every
         elif now >= self._next_report:
             log(INFO, "[batched] %d/%d clients done, %.1f s elapsed", done, total, now - self._round_started)

@@ -35,6 +35,7 @@ class JobGrid(BatchedGrid):
             self._startup.release()
 
     def _train(self, messages: list[Message]) -> None:
+        self.start_round_clock()
         self.release_startup()
         self.trainer.train(self, self, messages)
         self.stacked_rounds += 1

@@ -116,7 +116,30 @@ def test_batched_cli_run_writes_the_usual_run_dir(tiny_data, tmp_path, plots):
     pngs = sorted(p.name for p in run_dir.glob("*.png"))
     assert pngs == (["accuracy.png", "loss.png", "lr.png", "norm.png", "partition.png"] if plots else []), pngs
     assert "Batched engine: 4 nodes on cpu, one client after another" in proc.stderr + proc.stdout
-    assert "[batched] 2/2 clients done" in (run_dir / "run.log").read_text()  # progress_every: in-round lines
+    # progress_every=0.001: a round's lines count from its start, and a client's training takes longer than 2 ms, so
+    # both completions come past their report time (test_progress_lines_count_from_the_round_start)
+    assert "[batched] 2/2 clients done" in (run_dir / "run.log").read_text()
+
+
+def test_progress_lines_count_from_the_round_start(monkeypatch, caplog):
+    """A round's in-round lines: the first once report_every seconds have passed since the round's training started
+    (not since its first client finished), then one per report_every; late ones catch up at each completion."""
+    from server.batched import grid as grid_module
+
+    clock = [100.0]
+    monkeypatch.setattr(grid_module.time, "monotonic", lambda: clock[0])
+    grid = BatchedGrid(2, report_every=2.0)
+    lines: list[str] = []
+    monkeypatch.setattr(grid_module, "log", lambda level, msg, *args: lines.append(msg % args))
+    grid.start_round_clock()
+    for at, done in ((101.0, 1), (102.5, 2), (103.0, 3), (107.0, 4), (107.1, 5), (107.2, 6), (107.3, 7)):
+        clock[0] = at
+        grid._progress(done, 7)
+    assert lines == [
+        "[batched] 2/7 clients done, 2.5 s elapsed",  # due at 102
+        "[batched] 4/7 clients done, 7.0 s elapsed",  # due at 104
+        "[batched] 5/7 clients done, 7.1 s elapsed",  # due at 106: catching up
+    ]
 
 
 def test_messages_the_grid_cannot_serve_get_error_replies():
