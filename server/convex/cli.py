@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from server.run import config as config_lib
+from server.run import hydra_errors
 
 HELP = """\
 usage: flower-optimum [OVERRIDE ...]
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             cfg = compose(argv)
         except Exception as err:  # Hydra's own errors: unknown group or key, bad override syntax
-            raise config_lib.ConfigError(str(err).splitlines()[0]) from None
+            raise config_lib.ConfigError(hydra_errors.describe(err)) from None
         mu = check_convex(cfg, "flower-optimum")
         config_lib.validate(cfg)
     except config_lib.ConfigError as err:

@@ -31,7 +31,7 @@ from server.deploy import ownership
 from server.deploy.app_stage import stage_app
 from server.deploy.federation import LOOPBACK, DeployError, Federation, FederationOptions, RunResult
 from server.run import config as config_lib
-from server.run import console, procs
+from server.run import console, hydra_errors, procs
 from server.run import help as cli_help
 from server.run.transport import RUN_CONFIG_KEY
 from strategies.participation import CyclicSchedule, make_schedule
@@ -311,9 +311,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
         root.removeHandler(handler)
     console.quiet_job_log(bool(cfg.get("verbose", False)))  # cli.log without other libraries' chatter
-    plain = config_lib.to_plain(cfg)
-    plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
     try:
+        plain = config_lib.to_plain(cfg)
+        plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
         result = deploy(plain, on_line=lambda line: print(line, flush=True))
     except config_lib.ConfigError as err:
         print(f"flower-deploy: invalid configuration: {err}", file=sys.stderr)
@@ -349,4 +349,5 @@ def _failure(run_dir: str) -> str:
 
 def main() -> None:
     """Console entry point."""
-    _hydra_main()
+    with hydra_errors.composition_errors("flower-deploy"):
+        _hydra_main()

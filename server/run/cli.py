@@ -8,9 +8,9 @@
 ``engine=ray`` (default) runs Flower's Ray simulation (:mod:`server.ray.engine`), ``engine=batched`` computes a
 round's clients together in this process (:mod:`server.batched.engine`). Both run the same ServerApp round loop
 (:func:`server.run.app.run_experiment`); SIGINT/SIGTERM end the run in any phase (:mod:`server.run.stop`).
-Exit codes: 2 invalid configuration or data, 3 diverged, 1 no node answered, 130/143 a signal. ``--help``
-prints ``conf/hydra/help/flower_simulation.yaml`` (:mod:`server.run.help`); what the console and the logs show:
-:mod:`server.run.console`.
+Exit codes: 2 invalid configuration or data (Hydra's own errors too: :mod:`server.run.hydra_errors`), 3 diverged,
+1 no node answered, 130/143 a signal. ``--help`` prints ``conf/hydra/help/flower_simulation.yaml``
+(:mod:`server.run.help`); what the console and the logs show: :mod:`server.run.console`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import hydra
 from omegaconf import DictConfig
 
 from server.run import config as config_lib
-from server.run import console
+from server.run import console, hydra_errors
 from server.run import help as cli_help
 from server.run.config import CONF_DIR, RunConfig
 from server.run.stop import exit_on_signals
@@ -71,25 +71,31 @@ def record_outcome(run_dir: str, status: str, message: str = "") -> None:
 def prepare_job(cfg: DictConfig) -> RunConfig | None:
     """A multirun job's validated config (the stacked launcher's task); None, with the reason in its run dir's
     status.json and one line on stderr, when it is invalid: the other jobs still run."""
-    plain = prepare(cfg)
+    run_dir = None
     try:
+        plain = prepare(cfg)
+        run_dir = plain["run_dir"]
         return RunConfig.from_dict(plain)
     except config_lib.ConfigError as err:
+        from hydra.core.hydra_config import HydraConfig
+
         from server.run.app import write_status
 
-        Path(plain["run_dir"]).mkdir(parents=True, exist_ok=True)
-        write_status(Path(plain["run_dir"]), "failed", 0, f"invalid configuration: {err}")
-        print(f"flower-simulation: {plain['run_dir']}: invalid configuration: {err}", file=sys.stderr)
-        INVALID_JOBS.append(plain["run_dir"])
+        if run_dir is None:  # the config did not resolve: the job's own directory (run_dir's default)
+            run_dir = str(Path(HydraConfig.get().runtime.output_dir).resolve())
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        write_status(Path(run_dir), "failed", 0, f"invalid configuration: {err}")
+        print(f"flower-simulation: {run_dir}: invalid configuration: {err}", file=sys.stderr)
+        INVALID_JOBS.append(run_dir)
         return None
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
     started = COMMAND_START.pop() if COMMAND_START else time.monotonic()
-    plain = prepare(cfg)
-    stopped = f"results so far are in {plain['run_dir']} (resume=true continues from the last checkpoint)"
     try:
+        plain = prepare(cfg)
+        stopped = f"results so far are in {plain['run_dir']} (resume=true continues from the last checkpoint)"
         with exit_on_signals(stopped):
             summary = simulate(plain)
     except config_lib.ConfigError as err:
@@ -129,7 +135,8 @@ def main() -> None:
     (stacked launcher), else with 1 when any failed (no node answered), else with 3 when any diverged."""
     _check_launcher_options(sys.argv[1:])
     COMMAND_START[:] = [time.monotonic() - console.process_age()]
-    _hydra_main()
+    with hydra_errors.composition_errors("flower-simulation"):
+        _hydra_main()
     if INVALID_JOBS:
         print(f"flower-simulation: {len(INVALID_JOBS)} job(s) invalid: {', '.join(INVALID_JOBS)}", file=sys.stderr)
     if FAILED_JOBS:

@@ -6,16 +6,24 @@ import json
 from pathlib import Path
 from typing import Any
 
+from server.run.errors import ConfigError
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config groups
 
 
 def to_plain(cfg: Any) -> dict[str, Any]:
-    """Resolve a Hydra DictConfig (or pass a dict through) into plain Python containers."""
+    """Resolve a Hydra DictConfig (or pass a dict through) into plain Python containers; a value that cannot be
+    resolved (an interpolation of a key that does not exist, ...) is a :class:`ConfigError` naming its key."""
     try:
         from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(cfg):
-            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        from omegaconf.errors import OmegaConfBaseException
     except ImportError:  # pragma: no cover - omegaconf comes with hydra-core
-        pass
-    return json.loads(json.dumps(cfg))
+        return json.loads(json.dumps(cfg))
+    if not OmegaConf.is_config(cfg):
+        return json.loads(json.dumps(cfg))
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{key}: {message}" if key else message) from None

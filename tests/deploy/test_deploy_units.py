@@ -70,6 +70,15 @@ def test_an_app_dir_that_is_no_flower_app_is_one_line_before_any_process(tmp_pat
     assert not (run_dir / "deploy" / "logs").exists()
 
 
+def test_hydras_own_errors_are_one_line_before_any_process(tmp_path, deploy_data):
+    run_dir = tmp_path / "run"
+    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, "model=nope"), timeout=60)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]  # stderr comes with stdout here
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout
+    assert lines[0].startswith("flower-deploy: invalid configuration: Could not find 'model/nope' (options: ")
+    assert not (run_dir / "deploy").exists()
+
+
 @pytest.mark.parametrize(
     "node_config, message",
     [

@@ -111,9 +111,24 @@ def test_bad_config_fails_before_ray_starts(tiny_data, tmp_path, override, key):
     assert not (tmp_path / "bad" / "metrics.csv").exists()
 
 
-def test_unknown_strategy_group_is_rejected(tiny_data, tmp_path):
-    proc = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "bad", "strategy=sgd"), timeout=120)
-    assert proc.returncode != 0 and "strategy" in proc.stderr
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("strategy=sgd", "Could not find 'strategy/sgd' (options: fedavg, fedavgm, "),
+        ("data.bogus=1", "use +data.bogus=1 (the config has no key 'data.bogus')"),
+        ("seed=[", "cannot parse the override 'seed=['"),
+        ("num_rounds=${nope}", "num_rounds: Interpolation key 'nope' not found"),
+    ],
+)
+def test_hydras_own_errors_are_one_line_and_exit_2(tiny_data, tmp_path, override, expected):
+    """An unknown config group option or key, an override that does not parse, a value that does not resolve: one
+    line on stderr (not Hydra's report and stack trace), exit 2, before any work."""
+    proc = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "bad", override), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("flower-simulation: invalid configuration: "), proc.stderr
+    assert expected in lines[0]
+    assert not (tmp_path / "bad" / "metrics.csv").exists()
 
 
 def test_divergence_of_the_global_model_stops_with_a_clear_message_and_keeps_results(tiny_data, tmp_path):

@@ -64,15 +64,20 @@ def test_a_stacked_sweep_writes_lone_run_dirs_that_flower_report_reads(tmp_path,
     assert "fedcm" in table and "fedavgm" in table
 
 
-def test_an_invalid_job_fails_alone_with_its_reason_and_the_sweep_exits_2(tmp_path, tiny_data):
+@pytest.mark.parametrize(
+    "momenta, reason",
+    [("0.5,1.5", "strategy.momentum"), ("0.5,${nope}", "strategy.momentum: Interpolation key 'nope' not found")],
+)
+def test_an_invalid_job_fails_alone_with_its_reason_and_the_sweep_exits_2(tmp_path, tiny_data, momenta, reason):
+    """A value out of range, or one that does not resolve: that job's run dir says why, the other job runs."""
     sweep = tmp_path / "sweep"
-    proc = run_cli("flower-simulation", sweep_args(tiny_data, sweep, "num_rounds=2", "strategy.momentum=0.5,1.5"))
+    proc = run_cli("flower-simulation", sweep_args(tiny_data, sweep, "num_rounds=2", f"strategy.momentum={momenta}"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     bad = [line for line in proc.stderr.splitlines() if "invalid configuration" in line and "momentum" in line]
     assert len(bad) == 1
     by_status = {status(p)["status"]: p for p in sweep.iterdir() if p.is_dir()}
     assert set(by_status) == {"finished", "failed"}
-    assert "strategy.momentum" in status(by_status["failed"])["reason"]
+    assert reason in status(by_status["failed"])["reason"]
 
 
 @pytest.mark.parametrize(
@@ -83,6 +88,8 @@ def test_an_invalid_job_fails_alone_with_its_reason_and_the_sweep_exits_2(tmp_pa
         (["hydra.launcher.max_jobs=0"], "max_jobs must be an integer >= 1"),
         (["hydra.launcher.share_chunks=sometimes"], "share_chunks"),
         (["hydra.launcher.processes=0"], "processes must be an integer >= 1"),
+        (["strategy=fedavg,nope"], "invalid configuration: Could not find 'strategy/nope' (options: "),
+        (["data.bogus=1"], "invalid configuration: Could not override 'data.bogus'."),
     ],
 )
 def test_bad_launcher_input_exits_2_with_one_line_before_any_job_runs(tmp_path, tiny_data, extra, expected):

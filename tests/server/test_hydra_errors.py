@@ -1,0 +1,62 @@
+"""Hydra's own composition errors as one line (server/run/hydra_errors.py), on the real config tree."""
+
+import os
+import subprocess
+
+import pytest
+from hydra import compose, initialize_config_dir
+from simcli import BIN, sim_args
+
+from server.run import config as config_lib
+from server.run.hydra_errors import FULL_ERROR, composition_errors, describe
+
+
+def compose_error(*overrides: str) -> BaseException:
+    with pytest.raises(Exception) as info, initialize_config_dir(str(config_lib.CONF_DIR), version_base=None):
+        config_lib.to_plain(compose("config", overrides=list(overrides)))
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("hydra/launcher=nope", "Could not find 'hydra/launcher/nope' (options: basic, stacked)"),
+        (
+            "data.bogus=1",
+            "Could not override 'data.bogus'. To append to your config use +data.bogus=1 "
+            "(the config has no key 'data.bogus')",
+        ),  # fmt: skip
+        ("~bogus", "Could not delete from config. 'bogus' does not exist."),
+        ("seed=[", "cannot parse the override 'seed=[': no viable alternative at input '['"),
+        ("num_rounds=${nope}", "num_rounds: Interpolation key 'nope' not found"),
+    ],
+)
+def test_each_error_is_one_line(override, line):
+    err = compose_error(override)
+    assert describe(err) == line
+
+
+def test_a_missing_group_option_lists_the_options():
+    described = describe(compose_error("model=nope"))
+    assert described.startswith("Could not find 'model/nope' (options: ") and "logreg" in described
+    assert "\n" not in described and "search path" not in described
+
+
+def test_the_block_turns_a_composition_error_into_exit_2_and_restores_the_environment(capsys, monkeypatch):
+    monkeypatch.delenv(FULL_ERROR, raising=False)
+    err = compose_error("data.bogus=1")
+    with pytest.raises(SystemExit) as info, composition_errors("prog"):
+        assert os.environ[FULL_ERROR] == "1"  # Hydra hands its errors on instead of printing them
+        raise err
+    assert info.value.code == 2 and FULL_ERROR not in os.environ
+    assert capsys.readouterr().err == f"prog: invalid configuration: {describe(err)}\n"
+    with pytest.raises(KeyError), composition_errors("prog"):  # any other error is left as it is
+        raise KeyError("x")
+    assert FULL_ERROR not in os.environ
+
+
+def test_hydra_full_error_keeps_hydras_own_report(tiny_data, tmp_path):
+    env = {**os.environ, FULL_ERROR: "1", "FLWR_TELEMETRY_ENABLED": "0"}
+    args = sim_args(tiny_data, tmp_path / "bad", "strategy=sgd")
+    proc = subprocess.run([str(BIN / "flower-simulation"), *args], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "MissingConfigException" in proc.stderr
