@@ -39,6 +39,16 @@ def check_momentum(momentum: Any, name: str = "momentum") -> None:
         raise ValueError(f"{name} must lie in [0, 1), got {momentum!r}")
 
 
+def as_number(value: Any, name: str, kind: type = float) -> Any:
+    """``value`` as ``kind`` (float or int); ValueError naming ``name`` when it is no number (a bool is none)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+
+
 def check_lr(lr: Any, name: str, allow_zero: bool = True) -> None:
     """Raise ValueError for a negative (or, if not allowed, zero) learning rate."""
     value = np.asarray(lr, dtype=float)
@@ -291,7 +301,7 @@ def server_optimizer_config(
         return None
     if momentum:
         raise ValueError(f"{prefix}momentum must be 0 with server_optimizer={name!r} (use beta_1), got {momentum!r}")
-    knobs = {key: float(defaults[key] if given[key] is None else given[key]) for key in defaults}
+    knobs = {key: as_number(defaults[key] if given[key] is None else given[key], prefix + key) for key in defaults}
     for key in ("beta_1", "beta_2"):
         if key in knobs and not 0.0 <= knobs[key] < 1.0:
             raise ValueError(f"{prefix}{key} must lie in [0, 1), got {knobs[key]!r}")

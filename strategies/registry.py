@@ -29,6 +29,17 @@ DECAY_KEYS = ("window", "patience", "cooldown", "min_delta", "client_decay", "se
 SERVER_OPTIMIZER_KEYS = ("server_optimizer", "beta_1", "beta_2", "tau", "bias_correction")
 
 
+def _one(check: Callable[..., Any]) -> Callable[..., Any]:
+    """``check`` of a config value that must be one number (the math's checks also take arrays of them)."""
+
+    def checked(value: Any, *args: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"must be a number, got {value!r}")
+        check(value, *args)
+
+    return checked
+
+
 def _theta(value: Any) -> None:
     fm.theta_weights(value, 1)
 
@@ -90,8 +101,10 @@ class Strategy:
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
-        Strategy("fedavgm", FedAvgM, "fedavgm", _momentum, (("momentum", fm.check_momentum),), server_optimizer=True),
-        Strategy("fedcm", FedCM, "fedcm", _momentum, (("momentum", fm.check_momentum),)),
+        Strategy(
+            "fedavgm", FedAvgM, "fedavgm", _momentum, (("momentum", _one(fm.check_momentum)),), server_optimizer=True
+        ),
+        Strategy("fedcm", FedCM, "fedcm", _momentum, (("momentum", _one(fm.check_momentum)),)),
         Strategy(
             "localupdate", LocalUpdate, "localupdate", _theta_and_steps, (("theta", _theta),), server_optimizer=True
         ),
@@ -105,9 +118,9 @@ STRATEGIES: dict[str, Strategy] = {
             group_check=schedules.PlateauDecayConfig,
             server_optimizer=True,
         ),
-        Strategy("ghbm", GHBM, "ghbm", _ghbm, (("momentum", fm.check_ghbm_momentum), ("tau", fm.check_tau))),
-        Strategy("localghbm", LocalGHBM, "localghbm", _momentum, (("momentum", fm.check_ghbm_momentum),)),
-        Strategy("fedhbm", FedHBM, "fedhbm", _momentum, (("momentum", fm.check_ghbm_momentum),)),
+        Strategy("ghbm", GHBM, "ghbm", _ghbm, (("momentum", _one(fm.check_ghbm_momentum)), ("tau", fm.check_tau))),
+        Strategy("localghbm", LocalGHBM, "localghbm", _momentum, (("momentum", _one(fm.check_ghbm_momentum)),)),
+        Strategy("fedhbm", FedHBM, "fedhbm", _momentum, (("momentum", _one(fm.check_ghbm_momentum)),)),
     )
 }
 

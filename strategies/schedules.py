@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from strategies.math import check_lr
+from strategies.math import as_number, check_lr
 
 SCHEDULES = ("constant", "polynomial", "exponential", "inverse_time")
 
@@ -64,17 +64,21 @@ class PlateauDecayConfig:
 
     def __post_init__(self) -> None:
         for name in ("window", "patience"):
-            if int(getattr(self, name)) < 1:
+            if _knob(self, name, int) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if int(self.cooldown) < 0:
+        if _knob(self, "cooldown", int) < 0:
             raise ValueError(f"cooldown must be >= 0, got {self.cooldown!r}")
-        if not self.min_delta >= 0.0:
+        if not _knob(self, "min_delta", float) >= 0.0:
             raise ValueError(f"min_delta must be >= 0, got {self.min_delta!r}")
         for name in ("client_decay", "server_decay"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"{name} must lie in (0, 1], got {value!r}")
+            if not 0.0 < _knob(self, name, float) <= 1.0:
+                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
         check_lr(self.min_lr, "min_lr")
+
+
+def _knob(config: PlateauDecayConfig, name: str, kind: type) -> Any:
+    """``config.<name>`` as ``kind`` (int or float); a ValueError naming it when it is no number."""
+    return as_number(getattr(config, name), name, kind)
 
 
 @dataclass

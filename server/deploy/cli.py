@@ -313,7 +313,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     console.quiet_job_log(bool(cfg.get("verbose", False)))  # cli.log without other libraries' chatter
     try:
         plain = config_lib.to_plain(cfg)
-        plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
+        plain["run_dir"] = config_lib.make_run_dir(plain["run_dir"])
         result = deploy(plain, on_line=lambda line: print(line, flush=True))
     except config_lib.ConfigError as err:
         print(f"flower-deploy: invalid configuration: {err}", file=sys.stderr)

@@ -52,12 +52,12 @@ def console_to_flower() -> None:
 
 
 def prepare(cfg: DictConfig) -> dict[str, Any]:
-    """The job's plain config with an absolute ``run_dir``; Hydra's console handler removed (Flower logs to the
-    console itself) and its job log (cli.log) filtered to the console's lines."""
+    """The job's plain config with an absolute ``run_dir``, created (a ConfigError when it cannot be); Hydra's console
+    handler removed (Flower logs to the console itself) and its job log (cli.log) filtered to the console's lines."""
     console_to_flower()
     console.quiet_job_log(bool(cfg.get("verbose", False)))
     plain = config_lib.to_plain(cfg)
-    plain["run_dir"] = str(Path(plain["run_dir"]).resolve())
+    plain["run_dir"] = config_lib.make_run_dir(plain["run_dir"])
     return plain
 
 

@@ -9,6 +9,7 @@ decode is where it enters there. The names below are re-exported for scripts: ea
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = [
     "decode",
     "encode",
     "engine_name",
+    "make_run_dir",
     "to_plain",
     "validate",
 ]
@@ -73,3 +75,15 @@ class RunConfig:
     def of(cls, cfg: RunConfig | Mapping[str, Any]) -> RunConfig:
         """``cfg`` itself when it is a RunConfig, else :meth:`from_dict` of it (a script's or a test's plain dict)."""
         return cfg if isinstance(cfg, RunConfig) else cls.from_dict(cfg)
+
+
+def make_run_dir(value: Any) -> str:
+    """``run_dir`` as an absolute path, created; a :class:`ConfigError` when it cannot be created or written."""
+    path = Path(str(value)).resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"'run_dir': cannot create {path} ({err.strerror or type(err).__name__})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"'run_dir': {path} is not writable")
+    return str(path)

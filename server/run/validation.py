@@ -40,10 +40,25 @@ def _positive_int(cfg: Mapping[str, Any], key: str, minimum: int = 1) -> int:
     return value
 
 
+def _number(value: Any, key: str) -> float:
+    """``value`` as a float, or a :class:`ConfigError` naming ``key``."""
+    try:
+        return fm.as_number(value, f"'{key}'")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _one(value: Any, key: str) -> Any:
+    """``value`` when it is one number (the math's checks also take arrays of them), else a ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"'{key}' must be a number, got {value!r}")
+    return value
+
+
 def _check(key: str, check: Any, *args: Any) -> None:
     try:
         check(*args)
-    except ValueError as err:
+    except (TypeError, ValueError) as err:  # TypeError: float() of a list or a mapping
         raise ConfigError(f"'{key}': {err}") from None
 
 
@@ -98,15 +113,21 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         raise ConfigError(f"'plots' must be true or false, got {cfg['plots']!r}")
     if not isinstance(cfg.setdefault("verbose", False), bool):
         raise ConfigError(f"'verbose' must be true or false, got {cfg['verbose']!r}")
+    if not isinstance(cfg.setdefault("resume", False), bool):
+        raise ConfigError(f"'resume' must be true or false, got {cfg['resume']!r}")
+    if "round_timeout" in cfg and not _number(cfg["round_timeout"], "round_timeout") > 0:
+        raise ConfigError(f"'round_timeout' must be a number > 0 (seconds), got {cfg['round_timeout']!r}")
     _validate_eval_train(cfg)
     s = _require(cfg, "strategy")
     name = _require(cfg, "strategy.name")
     if name not in STRATEGIES:
         raise ConfigError(f"'strategy.name' must be one of {STRATEGIES}, got {name!r}")
     spec = registry.STRATEGIES[name]
-    server_lr = _require(cfg, "strategy.server_lr")
+    server_lr = _one(_require(cfg, "strategy.server_lr"), "strategy.server_lr")
     _check("strategy.server_lr", fm.check_lr, server_lr, "server_lr", spec.server_lr_may_be_zero)
-    _check("strategy.client_lr", fm.check_lr, _require(cfg, "strategy.client_lr"), "client_lr")
+    _check(
+        "strategy.client_lr", fm.check_lr, _one(_require(cfg, "strategy.client_lr"), "strategy.client_lr"), "client_lr"
+    )
     for key, check in spec.checks:
         _check(f"strategy.{key}", check, _require(cfg, f"strategy.{key}"))
     _validate_client_state_dir(cfg)
@@ -135,24 +156,26 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         make_schedule,
         _require(cfg, "participation.mode"),
         num_clients,
-        float(_require(cfg, "participation.fraction")),
+        _number(_require(cfg, "participation.fraction"), "participation.fraction"),
         cfg["seed"],
         p.get("groups"),
     )
-    if float(p.get("wait_timeout", 0)) < 0:
+    if _number(p.get("wait_timeout", 0), "participation.wait_timeout") < 0:
         raise ConfigError(f"'participation.wait_timeout' must be >= 0, got {p.get('wait_timeout')!r}")
     query_timeout = p.get("query_timeout", 30)
     if isinstance(query_timeout, bool) or not isinstance(query_timeout, int | float) or not query_timeout > 0:
         raise ConfigError(f"'participation.query_timeout' must be a number > 0 (seconds), got {query_timeout!r}")
     c = _require(cfg, "client")
     _positive_int(cfg, "client.batch_size")
-    _positive_int(cfg, "client.local_epochs", 0 if int(c.get("local_steps", 0)) > 0 else 1)
-    _positive_int(cfg, "client.local_steps", 0)
-    _check("client.weight_decay", fm.check_lr, c.get("weight_decay", 0.0), "weight_decay")
+    local_steps = _positive_int(cfg, "client.local_steps", 0)
+    _positive_int(cfg, "client.local_epochs", 0 if local_steps > 0 else 1)
+    _check("client.weight_decay", fm.check_lr, _one(c.get("weight_decay", 0.0), "client.weight_decay"), "weight_decay")
     if "loss_before_batches" in c:
         _positive_int(cfg, "client.loss_before_batches", -1)
     if "torch_threads" in c:
         _positive_int(cfg, "client.torch_threads", 0)
+    if not isinstance(c.get("augment", True), bool):
+        raise ConfigError(f"'client.augment' must be true or false, got {c['augment']!r}")
     _validate_trust(cfg)
     if not natural:
         _validate_data(cfg, check_paths)
@@ -199,9 +222,9 @@ def _validate_engine(cfg: Mapping[str, Any]) -> None:
 
 
 def _validate_backend(b: Mapping[str, Any]) -> None:
-    if float(b.get("num_cpus", 1)) <= 0:
+    if _number(b.get("num_cpus", 1), "backend.num_cpus") <= 0:
         raise ConfigError(f"'backend.num_cpus' must be positive, got {b.get('num_cpus')!r}")
-    if b.get("num_gpus") is not None and float(b["num_gpus"]) < 0:
+    if b.get("num_gpus") is not None and _number(b["num_gpus"], "backend.num_gpus") < 0:
         raise ConfigError(f"'backend.num_gpus' must be >= 0 or null (auto), got {b['num_gpus']!r}")
     address = b.get("address")
     if address is None or address == "local":

@@ -99,6 +99,21 @@ def test_every_method_preset_validates(method, tiny_data):
         (["strategy=ghbm", "strategy.momentum=1.5"], "strategy.momentum"),
         (["strategy=fedhbm", "strategy.momentum=-1"], "strategy.momentum"),
         (["strategy=localghbm", "client.state_dir=''"], "client.state_dir"),
+        (["participation.fraction=abc"], "participation.fraction"),
+        (["participation.wait_timeout=abc"], "participation.wait_timeout"),
+        (["client.local_steps=abc"], "client.local_steps"),
+        (["resume=maybe"], "resume"),
+        (["backend.num_cpus=abc"], "backend.num_cpus"),
+        (["backend.num_gpus=abc"], "backend.num_gpus"),
+        (["round_timeout=abc"], "round_timeout"),
+        (["round_timeout=0"], "round_timeout"),
+        (["client.augment=maybe"], "client.augment"),
+        (["strategy.client_lr=[0.1]"], "strategy.client_lr"),
+        (["strategy.server_lr=abc"], "strategy.server_lr"),
+        (["client.weight_decay={a: 1}"], "client.weight_decay"),
+        (["strategy=ghbm", "strategy.momentum=[0.5]"], "strategy.momentum"),
+        (["strategy=localupdate_decay", "strategy.min_delta=abc"], "min_delta"),
+        (["strategy.server_optimizer=adam", "strategy.beta_1=abc"], "strategy.beta_1"),
     ],
 )
 def test_invalid_values_name_the_key(overrides, key, tiny_data):
@@ -191,3 +206,12 @@ def test_the_folder_dataset_needs_a_root(monkeypatch):
     with pytest.raises(config_lib.ConfigError, match="'data.root'") as err:
         config_lib.validate(composed())
     assert "/nonexistent/cifar10.tar.gz" in str(err.value)
+
+
+def test_a_run_dir_that_cannot_be_created_or_written_is_a_config_error(tmp_path):
+    assert config_lib.make_run_dir(tmp_path / "a" / "b") == str((tmp_path / "a" / "b").resolve())
+    with pytest.raises(config_lib.ConfigError, match=r"'run_dir': cannot create /proc/x"):
+        config_lib.make_run_dir("/proc/x")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(config_lib.ConfigError, match="'run_dir': cannot create"):
+        config_lib.make_run_dir(tmp_path / "file" / "run")

@@ -101,6 +101,8 @@ def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
         ("participation.fraction=0.3", "participation.fraction"),
         ("model.name=vgg", "model.name"),
         ("data.root=/nonexistent/cifar.tar.gz", "data.root"),
+        ("client.local_steps=abc", "client.local_steps"),
+        ("run_dir=/proc/x", "run_dir"),
     ],
 )
 def test_bad_config_fails_before_ray_starts(tiny_data, tmp_path, override, key):
