@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             cfg = compose(argv)
         except Exception as err:  # Hydra's own errors: unknown group or key, bad override syntax
             raise config_lib.ConfigError(hydra_errors.describe(err)) from None
-        mu = check_convex(cfg, "flower-optimum")
+        mu = check_convex(cfg, "'model.name'")
         config_lib.validate(cfg)
     except config_lib.ConfigError as err:
         print(f"flower-optimum: invalid configuration: {err}", file=sys.stderr)
