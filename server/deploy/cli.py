@@ -117,6 +117,9 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
         raise config_lib.ConfigError(f"'deploy.spawn_supernodes' must be in [0, num_clients], got {spawn!r}")
     if d.get("superlink") is not None and ":" not in str(d["superlink"]):
         raise config_lib.ConfigError(f"'deploy.superlink' must be HOST:PORT, got {d['superlink']!r}")
+    for key in ("tls", "auth", "fast", "bind_partitions"):
+        if d.get(key) is not None and not isinstance(d[key], bool):
+            raise config_lib.ConfigError(f"'deploy.{key}' must be true or false, got {d[key]!r}")
     if d.get("auth") and not (d.get("tls") or d.get("root_certificates")):
         raise config_lib.ConfigError("'deploy.auth' needs 'deploy.tls=true' (Flower requires TLS for node auth)")
     if d.get("superlink") is not None and (d.get("tls") or d.get("auth")):
@@ -146,9 +149,6 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
         raise config_lib.ConfigError(f"'deploy.node_threads' must be auto or an integer >= 0, got {threads_value!r}")
     if d.get("database", "auto") not in (True, False, "auto"):
         raise config_lib.ConfigError(f"'deploy.database' must be true, false or auto, got {d['database']!r}")
-    for key in ("fast", "bind_partitions"):
-        if d.get(key) is not None and not isinstance(d[key], bool):
-            raise config_lib.ConfigError(f"'deploy.{key}' must be true or false, got {d[key]!r}")
     if d.get("root_certificates") and not Path(str(d["root_certificates"])).expanduser().is_file():
         raise config_lib.ConfigError(f"'deploy.root_certificates': no file at {d['root_certificates']}")
     ownership.check(cfg)

@@ -217,3 +217,10 @@ def test_partition_keys_file_accepts_keys_and_fingerprints(tmp_path, deploy_data
         validate_deploy(no_auth)
     with pytest.raises(config_lib.ConfigError, match="cannot read"):
         ownership.parse_keys_file(tmp_path / "missing.txt", 4)
+
+
+@pytest.mark.parametrize("key", ["tls", "auth", "fast", "bind_partitions"])
+def test_deploy_switches_are_true_or_false(tmp_path, deploy_data, key):
+    cfg = config_lib.validate(compose(overrides(deploy_data, tmp_path / "run", f"deploy.{key}=maybe")))
+    with pytest.raises(config_lib.ConfigError, match=rf"'deploy\.{key}' must be true or false, got 'maybe'"):
+        validate_deploy(cfg)
