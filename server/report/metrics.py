@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import math
 import sys
 from collections import defaultdict
@@ -56,7 +57,14 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, keep_rounds_upto: int | None = None) -> None:
         self.csv_path = run_dir / "metrics.csv"
         self.jsonl_path = run_dir / "metrics.jsonl"
-        rows = read_metrics(run_dir) if keep_rounds_upto is not None else []
+        rows, broken = parse_metrics(self.jsonl_path) if keep_rounds_upto is not None else ([], [])
+        if broken:  # e.g. a row cut short by a kill: the rows are rewritten without it
+            logging.getLogger("flwr").warning(
+                "%s: %d line(s) that are no metrics row left out (line %d first)",
+                self.jsonl_path,
+                len(broken),
+                broken[0],
+            )
         rows = [r for r in rows if keep_rounds_upto is not None and r["round"] <= keep_rounds_upto]
         self._rewrite(rows)  # drop rows past the checkpoint a resumed run starts from
         self.rows = rows
@@ -98,12 +106,37 @@ def _fmt(value: Any) -> Any:
     return value
 
 
+class BrokenMetrics(ValueError):
+    """A line of metrics.jsonl that is no metrics row (a JSON object with an integer ``round``)."""
+
+
 def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
-    """Rows of a run's metrics.jsonl (empty when absent)."""
+    """Rows of a run's metrics.jsonl (empty when absent); a line that is no metrics row raises
+    :class:`BrokenMetrics` naming the file and the line."""
     path = Path(run_dir) / "metrics.jsonl"
+    rows, broken = parse_metrics(path)
+    if broken:
+        raise BrokenMetrics(f"{path}: line {broken[0]} is no metrics row ({len(broken)} such line(s))")
+    return rows
+
+
+def parse_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """(the metrics rows of a metrics.jsonl, the numbers of its lines that are none); ([], []) when absent."""
     if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [], []
+    rows, broken = [], []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("round"), int) and not isinstance(row["round"], bool):
+            rows.append(row)
+        else:
+            broken.append(number)
+    return rows, broken
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:

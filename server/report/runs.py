@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from server.report.metrics import read_metrics
+from server.report.metrics import BrokenMetrics, parse_metrics, read_metrics
 from server.report.stats import Summary, summarise
 
 AVERAGED = "seed"  # runs differing only in these keys are the seeds of one configuration
@@ -106,7 +106,9 @@ def _status(path: Path, rows: list[dict[str, Any]]) -> tuple[str, int | None, st
     last = rows[-1]["round"] if rows else None
     status_file = path / "status.json"
     if status_file.exists():
-        record = json.loads(status_file.read_text())
+        record = _json_object(status_file)
+        if record is None:
+            return INCOMPLETE, last, f"{status_file} is no JSON object"
         status = {"finished": FINISHED, "diverged": DIVERGED}.get(record.get("status"), INCOMPLETE)
         return status, record.get("round", last), record.get("reason", "")
     if (path / "summary.json").exists():
@@ -114,15 +116,34 @@ def _status(path: Path, rows: list[dict[str, Any]]) -> tuple[str, int | None, st
     return INCOMPLETE, last, "no status.json or summary.json (killed, or failed before round 0)"
 
 
+def _json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when it cannot be read or holds something else."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def load_run(path: Path) -> Run:
-    rows = read_metrics(path)
+    """A job's run directory; a broken metrics.jsonl, status.json or config.json makes it ``incomplete`` (the
+    reason names the file), not the report's end."""
+    problem = ""
+    try:
+        rows = read_metrics(path)
+    except BrokenMetrics as err:
+        rows, problem = parse_metrics(path / "metrics.jsonl")[0], str(err)
     status, last, reason = _status(path, rows)
     trained = [r for r in rows if r["round"] >= 1]
     if status == FINISHED and trained and not any(r.get("num_replies") for r in trained):
         # e.g. the simulation engine crashed at start-up: every round skipped its partitions, the model never moved
         status, reason = NO_REPLIES, f"finished, but none of its {len(trained)} rounds aggregated a reply"
     cfg_file = path / "config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    cfg = _json_object(cfg_file) if cfg_file.exists() else {}
+    if cfg is None:
+        cfg, problem = {}, problem or f"{cfg_file} is no JSON object"
+    if problem:
+        status, reason = INCOMPLETE, problem
     params = _overrides(path)
     seed = normalise(params.get(AVERAGED, cfg.get(AVERAGED)))
     return Run(path, params, status, last, reason, rows, cfg.get("num_rounds"), seed)

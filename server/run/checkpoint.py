@@ -10,6 +10,7 @@ import shutil
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
+from zipfile import BadZipFile
 
 import numpy as np
 import torch
@@ -106,13 +107,30 @@ def resume_mismatch(saved: dict[str, Any], cfg: dict[str, Any]) -> str | None:
 
 def resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWindow) -> int:
     """Load the checkpoint into the strategy and the model window; the last completed round (0 when starting
-    fresh)."""
-    loaded = load(run_dir) if cfg.get("resume") else None
+    fresh). A checkpoint that cannot be read or does not fit this run is a :class:`ConfigError` (one line)."""
+    if not cfg.get("resume"):
+        return 0
+    try:
+        return _resume(cfg, run_dir, strategy, window)
+    except ConfigError:
+        raise
+    except (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError, BadZipFile) as err:
+        why = type(err).__name__ + (f": {str(err).strip().splitlines()[0][:200]}" if str(err).strip() else "")
+        raise ConfigError(
+            f"cannot resume: the checkpoint in {run_dir / CHECKPOINT} cannot be read ({why}); move it away to start "
+            "afresh"
+        ) from None
+
+
+def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWindow) -> int:
+    loaded = load(run_dir)
     if loaded is None:
-        if cfg.get("resume"):
-            log(WARNING, "resume=true but %s has no checkpoint: starting from round 1", run_dir)
+        log(WARNING, "resume=true but %s has no checkpoint: starting from round 1", run_dir)
         return 0
     state, arrays = loaded
+    last = state["round"]
+    if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+        raise ValueError(f"round {last!r}")
     differs = resume_mismatch(state["config"], cfg)
     if differs:
         raise ConfigError(f"cannot resume: '{differs}' differs from the checkpoint's run")

@@ -1,0 +1,96 @@
+"""A run directory's files read back (resume, flower-report, flower-plot) may be broken: a checkpoint that cannot be
+read is one line and exit 2 before any round; a metrics row cut short by a kill is left out of a resumed run with a
+warning; a report lists a run with a broken file as incomplete, naming the file, and goes on."""
+
+import json
+import logging
+import shutil
+
+import numpy as np
+import pytest
+from simcli import IN_PROCESS, report, run_cli, sim_args
+
+from server.report.metrics import BrokenMetrics, MetricsWriter, read_metrics
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_data, tmp_path_factory):
+    """A finished 3-round run with a checkpoint every round."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    extra = [*IN_PROCESS, "model=logreg", "num_rounds=3", "checkpoint_every=1"]
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *extra))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return run_dir, extra
+
+
+def _state(path, **changes):
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, **changes}) if isinstance(state, dict) else "[]")
+
+
+BREAKS = {
+    "state.json not JSON": lambda c: (c / "state.json").write_text("{not json"),
+    "state.json a list": lambda c: (c / "state.json").write_text("[1, 2]"),
+    "round not a number": lambda c: _state(c / "state.json", round="x"),
+    "arrays.npz truncated": lambda c: (c / "arrays.npz").write_bytes((c / "arrays.npz").read_bytes()[:100]),
+    "an array missing": lambda c: np.savez(c / "arrays.npz", **dict(list(np.load(c / "arrays.npz").items())[1:])),
+}
+
+
+@pytest.mark.parametrize("name", list(BREAKS))
+def test_a_checkpoint_that_cannot_be_read_is_one_line_and_nothing_is_lost(finished, tiny_data, tmp_path, name):
+    source, extra = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    BREAKS[name](run_dir / "checkpoint")
+    before = (run_dir / "metrics.jsonl").read_text()
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *extra, "num_rounds=5", "resume=true"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("flower-simulation:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"flower-simulation: invalid configuration: cannot resume: the checkpoint in {run_dir}")
+    assert (run_dir / "metrics.jsonl").read_text() == before  # refused before the metrics were touched
+
+
+def test_a_row_cut_short_by_a_kill_is_left_out_of_the_resumed_run(finished, tiny_data, tmp_path):
+    source, extra = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"round": 4, "train_lo')
+    with pytest.raises(BrokenMetrics, match=r"metrics\.jsonl: line 5 is no metrics row"):
+        read_metrics(run_dir)
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *extra, "num_rounds=5", "resume=true"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4, 5]
+    assert "1 line(s) that are no metrics row left out (line 5 first)" in (run_dir / "run.log").read_text()
+
+
+def test_the_writer_warns_of_each_broken_line_it_leaves_out(tmp_path, caplog):
+    lines = ['{"round": 0, "accuracy": 0.1}', "[1]", '{"round": true}', '{"round": 1, "accuracy": 0.2}', "{cut"]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.WARNING, logger="flwr"), MetricsWriter(tmp_path, keep_rounds_upto=1) as writer:
+        assert [r["round"] for r in writer.rows] == [0, 1]
+    assert "3 line(s) that are no metrics row left out (line 2 first)" in caplog.text
+    assert [r["round"] for r in read_metrics(tmp_path)] == [0, 1]  # rewritten without them
+
+
+def test_a_report_lists_a_run_with_a_broken_file_as_incomplete_and_goes_on(finished, tmp_path):
+    source, _ = finished
+    sweep = tmp_path / "sweep"
+    for name, broken in (("good", None), ("cut", "metrics.jsonl"), ("status", "status.json"), ("cfg", "config.json")):
+        shutil.copytree(source, sweep / name)
+        (sweep / name / ".hydra").mkdir(exist_ok=True)
+        (sweep / name / ".hydra" / "overrides.yaml").write_text(f"- seed={len(name)}\n")
+        if broken:
+            with open(sweep / name / broken, "a") as f:
+                f.write("{cut")
+    proc = report(sweep)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (sweep / "report.md").read_text()
+    for name, broken in (("cut", "metrics.jsonl: line 5 is no metrics row"), ("status", "status.json is no JSON")):
+        assert f"`{sweep / name}`: incomplete" in text and broken in text, text
+    assert "config.json is no JSON object" in text
+    assert f"`{sweep / 'good'}`" not in text.split("Runs left out")[1]
