@@ -25,9 +25,10 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import tarfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -268,12 +269,13 @@ def _decode_folder(source: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     classes = sorted(set(by_split["train"]) | set(by_split["test"]))
     arrays: dict[str, np.ndarray] = {}
     for split, per_class in by_split.items():
-        blobs, labels = [], []
+        names, blobs, labels = [], [], []
         for label, cls in enumerate(classes):
-            for _, blob in sorted(per_class.get(cls, [])):  # files sorted by name within a class
+            for name, blob in sorted(per_class.get(cls, [])):  # files sorted by name within a class
+                names.append(name)
                 blobs.append(blob)
                 labels.append(label)
-        arrays[f"x_{split}"] = decode_images(blobs)
+        arrays[f"x_{split}"] = decode_images(blobs, names=names)
         arrays[f"y_{split}"] = np.asarray(labels, dtype=np.int64)
     return arrays, classes
 
@@ -289,23 +291,41 @@ def split_and_class(name: str) -> tuple[str, str] | None:
     return None
 
 
-def decode_images(blobs: list[bytes], size: int = 32) -> np.ndarray:
+class BadImage(ValueError):
+    """An image of a dataset source that cannot be decoded, or is not size x size; the message names the file."""
+
+
+def decode_images(blobs: list[bytes], size: int = 32, names: Sequence[str] | None = None) -> np.ndarray:
     """Decode encoded images to (N, size, size, 3) uint8: libjpeg-turbo batches via torchvision (~6x faster
-    than PIL per image here, identical pixels), PIL for other formats. Images must already be size x size."""
+    than PIL per image here, identical pixels), PIL for other formats. Images must already be size x size; one that
+    is not, or cannot be decoded, raises :class:`BadImage` naming it (``names``: the files' names)."""
     import torch
 
     with quiet_torchvision():
         from torchvision.io import ImageReadMode, decode_jpeg
+
+    def name(i: int) -> str:
+        return names[i] if names is not None else f"image {i}"
+
+    def one_jpeg(i: int) -> torch.Tensor:
+        try:
+            with quiet_torchvision():
+                return decode_jpeg(torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        except RuntimeError as err:  # torchvision's message: "decode_jpeg, <source file:line>, <reason>"
+            raise BadImage(f"{name(i)} cannot be decoded ({_first_line(err).rsplit(', ', 1)[-1]})") from None
 
     out = np.empty((len(blobs), size, size, 3), dtype=np.uint8)
     jpeg = [i for i, b in enumerate(blobs) if b[:3] == b"\xff\xd8\xff"]
     for start in range(0, len(jpeg), 4096):
         chunk = jpeg[start : start + 4096]
         tensors = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in chunk]
-        with quiet_torchvision():  # it warns on every call
-            images = decode_jpeg(tensors, mode=ImageReadMode.RGB)
+        try:
+            with quiet_torchvision():  # it warns on every call
+                images = decode_jpeg(tensors, mode=ImageReadMode.RGB)
+        except RuntimeError:  # a corrupt file fails the whole batch: find it
+            images = [one_jpeg(i) for i in chunk]
         for i, img in zip(chunk, images):
-            out[i] = _check_size(img.permute(1, 2, 0).numpy(), size, i)
+            out[i] = _check_size(img.permute(1, 2, 0).numpy(), size, name(i))
     other = sorted(set(range(len(blobs))) - set(jpeg))
     if other:
         import io
@@ -313,11 +333,20 @@ def decode_images(blobs: list[bytes], size: int = 32) -> np.ndarray:
         from PIL import Image
 
         for i in other:
-            out[i] = _check_size(np.asarray(Image.open(io.BytesIO(blobs[i])).convert("RGB")), size, i)
+            try:
+                img = np.asarray(Image.open(io.BytesIO(blobs[i])).convert("RGB"))
+            except Exception as err:  # whatever PIL raises for a file it cannot read
+                raise BadImage(f"{name(i)} cannot be decoded ({type(err).__name__}: {_first_line(err)})") from None
+            out[i] = _check_size(img, size, name(i))
     return out
 
 
-def _check_size(img: np.ndarray, size: int, index: int) -> np.ndarray:
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message without object reprs (``<_io.BytesIO object at 0x...>``)."""
+    return re.sub(r" ?<[^>]* at 0x[0-9a-f]+>", "", (str(err).strip().splitlines() or [""])[0])[:200]
+
+
+def _check_size(img: np.ndarray, size: int, name: str) -> np.ndarray:
     if img.shape != (size, size, 3):
-        raise ValueError(f"image {index} has shape {img.shape}, expected ({size}, {size}, 3)")
+        raise BadImage(f"{name} is {img.shape[1]}x{img.shape[0]} pixels, expected {size}x{size}")
     return img

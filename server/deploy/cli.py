@@ -171,6 +171,10 @@ def deploy(
     cfg = config_lib.validate(cfg, check_paths=not remote)  # a remote ServerApp checks data.root on its host
     d = validate_deploy(cfg)
     check_node_config(node_config, int(d.get("spawn_supernodes", 0) or 0))
+    if not remote:  # the ServerApp reads the data here: decoded once now, a bad image one line before any process
+        from server.run.data import server_dataset
+
+        server_dataset(cfg)
     run_dir = Path(cfg["run_dir"]).resolve()
     cfg["run_dir"] = str(run_dir)
     try:  # what flwr run packs, without walking .venv at every submission (server/deploy/app_stage.py)

@@ -23,7 +23,7 @@ from server.ray import leftovers as ray_leftovers
 from server.run import config as config_lib
 from server.run import quiet
 from server.run.config import CONF_DIR, RunConfig  # noqa: F401 - CONF_DIR re-exported for tests and scripts
-from server.run.data import prepare_data
+from server.run.data import prepare_data, server_dataset
 
 AUTO_CLIENTS_PER_GPU = 4
 
@@ -63,6 +63,7 @@ def simulate(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
     cfg = run_cfg.values
     quiet.install()
     prepare_data(cfg)
+    server_dataset(cfg)  # decoded once here, before Ray starts: a bad image is one line, not N actors' crash
     address = ray_cluster.resolve_address(cfg.get("backend", {}).get("address"))
     if address is None:
         _check_local_resources(cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from client.data import Dataset, load_dataset
+from client.data import BadImage, Dataset, load_dataset
 from client.datasets import NaturalData, load_task
 from client.tasks import NATURAL_DATASETS
 from server.run.errors import ConfigError
@@ -17,7 +17,10 @@ def server_dataset(cfg: Mapping[str, Any]) -> Dataset | NaturalData:
     d = cfg["data"]
     if d["name"] in NATURAL_DATASETS:
         return load_task(d["name"], d.get("root"), d.get("cache_dir"), bool(d.get("download", False)))
-    return load_dataset(d["name"], d["root"], d.get("cache_dir") or None, download=bool(d.get("download", False)))
+    try:
+        return load_dataset(d["name"], d["root"], d.get("cache_dir") or None, download=bool(d.get("download", False)))
+    except BadImage as err:  # found while decoding, after the cheap checks of the source passed
+        raise ConfigError(f"'data.root': {err}") from None
 
 
 def train_size(ds: Dataset | NaturalData) -> int | None:

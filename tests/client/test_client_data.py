@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import subprocess
 import sys
 import time
@@ -143,3 +145,23 @@ def test_default_cache_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert data.default_cache_dir() == tmp_path
     monkeypatch.delenv("FEDMOMENTUM_CACHE")
     assert data.default_cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "fedmomentum"
+
+
+def test_an_image_that_cannot_be_used_is_named(image_folder: Path) -> None:
+    """A corrupt JPEG in a batch of good ones, bytes of no image format, an image of another size: BadImage naming
+    the file; the good images alone decode to the same pixels as before."""
+    files = sorted((image_folder / "train").rglob("*.*"))[:6]
+    blobs, names = [f.read_bytes() for f in files], [f.name for f in files]
+    good = data.decode_images(blobs, names=names)
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 32)).save(buffer, format="PNG")
+    jpeg = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(jpeg, format="JPEG")
+    for bad, words in (
+        (jpeg.getvalue()[:150], "cannot be decoded ("),
+        (b"no pixels here", "cannot be decoded (UnidentifiedImageError: cannot identify image file)"),
+        (buffer.getvalue(), "is 40x32 pixels, expected 32x32"),
+    ):
+        with pytest.raises(data.BadImage, match=re.escape(f"bad.jpg {words}")):
+            data.decode_images([*blobs[:3], bad, *blobs[3:]], names=[*names[:3], "bad.jpg", *names[3:]])
+    assert np.array_equal(data.decode_images(blobs), good)

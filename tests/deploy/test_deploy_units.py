@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import ipaddress
+import shutil
 import zipfile
 
 import pytest
@@ -76,6 +77,20 @@ def test_hydras_own_errors_are_one_line_before_any_process(tmp_path, deploy_data
     lines = [line for line in proc.stdout.splitlines() if line.strip()]  # stderr comes with stdout here
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout
     assert lines[0].startswith("flower-deploy: invalid configuration: Could not find 'model/nope' (options: ")
+    assert not (run_dir / "deploy").exists()
+
+
+def test_an_image_that_cannot_be_decoded_is_one_line_before_any_process(tmp_path, deploy_data):
+    folder = tmp_path / "folder"
+    shutil.copytree(deploy_data["folder"], folder)
+    image = sorted((folder / "test").rglob("*.*"))[0]
+    image.write_bytes(b"not an image")
+    run_dir = tmp_path / "run"
+    data = {"folder": folder, "cache": tmp_path / "cache"}
+    proc = run_cli("flower-deploy", overrides(data, run_dir), timeout=60)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]  # stderr comes with stdout here
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout
+    assert lines[0].startswith(f"flower-deploy: invalid configuration: 'data.root': {image.relative_to(folder)} cannot")
     assert not (run_dir / "deploy").exists()
 
 

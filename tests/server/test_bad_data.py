@@ -111,3 +111,31 @@ def _assert_one_line_exit_2(proc, key, words, ray_tmp):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and words in lines[0], output[-3000:]
     assert not (ray_tmp / "ray").exists(), "Ray was started"
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda f: f.write_bytes(b"these are not pixels"), "cannot be decoded (UnidentifiedImageError"),
+        (lambda f: f.write_bytes(f.read_bytes()[:200]), "cannot be decoded (Image is incomplete or truncated)"),
+        (lambda f: _png(f, (64, 48)), "is 64x48 pixels, expected 32x32"),
+    ],
+)
+def test_an_image_that_cannot_be_used_is_one_line_naming_it_before_ray(tiny_data, tmp_path, damage, words):
+    """Found while the images are decoded (the cheap checks before it read names and headers only)."""
+    root = tmp_path / "folder"
+    shutil.copytree(tiny_data["folder"], root)
+    image = sorted((root / "train").rglob("*.*"))[5]
+    damage(image)
+    ray_tmp = tmp_path / "ray-tmp"
+    ray_tmp.mkdir()
+    args = sim_args(tiny_data, tmp_path / "run", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}")
+    proc = run_sim(args, ray_tmp)
+    _assert_one_line_exit_2(proc, "'data.root'", words, ray_tmp)
+    assert image.relative_to(root).as_posix() in proc.stderr
+
+
+def _png(path, size):
+    from PIL import Image
+
+    Image.new("RGB", size).save(path, format="PNG")
