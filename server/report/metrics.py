@@ -245,7 +245,10 @@ def _group_label(run_dir: Path, keys: Sequence[str]) -> str:
     cfg_path = run_dir / "config.json"
     if not cfg_path.exists():
         return run_dir.name
-    cfg = json.loads(cfg_path.read_text())
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except ValueError:
+        raise ValueError(f"{cfg_path} is no JSON object") from None
     parts = []
     for dotted in keys:
         node: Any = cfg

@@ -92,7 +92,14 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
 
 
 def _overrides(path: Path) -> dict[str, str]:
-    items = yaml.safe_load((path / ".hydra" / "overrides.yaml").read_text()) or []
+    """The job's Hydra overrides as {key: value}; a ValueError when .hydra/overrides.yaml is no YAML list."""
+    file = path / ".hydra" / "overrides.yaml"
+    try:
+        items = yaml.safe_load(file.read_text()) or []
+    except (OSError, yaml.YAMLError):
+        items = None
+    if not isinstance(items, list):
+        raise ValueError(f"{file} is no YAML list of overrides")
     out = {}
     for item in items:
         key, _, value = str(item).partition("=")
@@ -126,8 +133,8 @@ def _json_object(path: Path) -> dict[str, Any] | None:
 
 
 def load_run(path: Path) -> Run:
-    """A job's run directory; a broken metrics.jsonl, status.json or config.json makes it ``incomplete`` (the
-    reason names the file), not the report's end."""
+    """A job's run directory; a broken metrics.jsonl, status.json, config.json or .hydra/overrides.yaml makes it
+    ``incomplete`` (the reason names the file), not the report's end."""
     problem = ""
     try:
         rows = read_metrics(path)
@@ -142,9 +149,12 @@ def load_run(path: Path) -> Run:
     cfg = _json_object(cfg_file) if cfg_file.exists() else {}
     if cfg is None:
         cfg, problem = {}, problem or f"{cfg_file} is no JSON object"
+    try:
+        params = _overrides(path)
+    except ValueError as err:
+        params, problem = {}, problem or str(err)
     if problem:
         status, reason = INCOMPLETE, problem
-    params = _overrides(path)
     seed = normalise(params.get(AVERAGED, cfg.get(AVERAGED)))
     return Run(path, params, status, last, reason, rows, cfg.get("num_rounds"), seed)
 

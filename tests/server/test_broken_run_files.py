@@ -80,7 +80,8 @@ def test_the_writer_warns_of_each_broken_line_it_leaves_out(tmp_path, caplog):
 def test_a_report_lists_a_run_with_a_broken_file_as_incomplete_and_goes_on(finished, tmp_path):
     source, _ = finished
     sweep = tmp_path / "sweep"
-    for name, broken in (("good", None), ("cut", "metrics.jsonl"), ("status", "status.json"), ("cfg", "config.json")):
+    broken_files = (("good", None), ("cut", "metrics.jsonl"), ("status", "status.json"), ("cfg", "config.json"))
+    for name, broken in (*broken_files, ("over", ".hydra/overrides.yaml")):
         shutil.copytree(source, sweep / name)
         (sweep / name / ".hydra").mkdir(exist_ok=True)
         (sweep / name / ".hydra" / "overrides.yaml").write_text(f"- seed={len(name)}\n")
@@ -92,5 +93,14 @@ def test_a_report_lists_a_run_with_a_broken_file_as_incomplete_and_goes_on(finis
     text = (sweep / "report.md").read_text()
     for name, broken in (("cut", "metrics.jsonl: line 5 is no metrics row"), ("status", "status.json is no JSON")):
         assert f"`{sweep / name}`: incomplete" in text and broken in text, text
-    assert "config.json is no JSON object" in text
+    assert "config.json is no JSON object" in text and "overrides.yaml is no YAML list of overrides" in text
     assert f"`{sweep / 'good'}`" not in text.split("Runs left out")[1]
+
+
+def test_flower_plot_names_a_broken_file(finished, tmp_path):
+    source, _ = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    (run_dir / "config.json").write_text("{cut")
+    proc = run_cli("flower-plot", [run_dir, "--out", tmp_path / "x.png", "--group-by", "seed"])
+    assert proc.returncode == 2 and f"{run_dir / 'config.json'} is no JSON object" in proc.stderr, proc.stderr
