@@ -77,22 +77,29 @@ def prepare_job(cfg: DictConfig) -> RunConfig | None:
         run_dir = plain["run_dir"]
         return RunConfig.from_dict(plain)
     except config_lib.ConfigError as err:
-        from hydra.core.hydra_config import HydraConfig
-
-        from server.run.app import write_status
-
-        if run_dir is None:  # the config did not resolve: the job's own directory (run_dir's default)
-            run_dir = str(Path(HydraConfig.get().runtime.output_dir).resolve())
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        write_status(Path(run_dir), "failed", 0, f"invalid configuration: {err}")
-        print(f"flower-simulation: {run_dir}: invalid configuration: {err}", file=sys.stderr)
-        INVALID_JOBS.append(run_dir)
+        invalid_job(run_dir, err)
         return None
+
+
+def invalid_job(run_dir: str | None, err: config_lib.ConfigError) -> None:
+    """A multirun job that is invalid: the reason in its run dir's status.json and one line on stderr; the other
+    jobs still run and the command exits 2 after the last (``run_dir`` None: the config did not resolve, so the
+    job's own directory, ``run_dir``'s default)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from server.run.app import write_status
+
+    run_dir = run_dir or str(Path(HydraConfig.get().runtime.output_dir).resolve())
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_status(Path(run_dir), "failed", 0, f"invalid configuration: {err}")
+    print(f"flower-simulation: {run_dir}: invalid configuration: {err}", file=sys.stderr)
+    INVALID_JOBS.append(run_dir)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
     started = COMMAND_START.pop() if COMMAND_START else time.monotonic()
+    plain: dict[str, Any] = {}
     try:
         plain = prepare(cfg)
         stopped = f"results so far are in {plain['run_dir']} (resume=true continues from the last checkpoint)"
@@ -100,6 +107,9 @@ def _hydra_main(cfg: DictConfig) -> None:
             summary = simulate(plain)
     except config_lib.ConfigError as err:
         logging.getLogger("flower-simulation").error("invalid configuration: %s", err)
+        if _is_multirun():  # the sweep goes on; exit 2 after the last job
+            invalid_job(plain.get("run_dir"), err)
+            return
         print(f"flower-simulation: invalid configuration: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except Exception as err:
@@ -120,7 +130,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 COMMAND_START: list[float] = []  # the first job's wall time counts from the command's start (set by main)
 DIVERGED_JOBS: list[str] = []  # run dirs of the diverged jobs of this multirun
 FAILED_JOBS: list[str] = []  # run dirs of the jobs no node answered (e.g. Ray actors that failed to start)
-INVALID_JOBS: list[str] = []  # run dirs of the stacked launcher's jobs whose config is invalid
+INVALID_JOBS: list[str] = []  # run dirs of the multirun's jobs whose config is invalid
 
 
 def _is_multirun() -> bool:
@@ -131,8 +141,8 @@ def _is_multirun() -> bool:
 
 
 def main() -> None:
-    """Console entry point. A multirun runs every job; it exits with 2 when any of them had an invalid config
-    (stacked launcher), else with 1 when any failed (no node answered), else with 3 when any diverged."""
+    """Console entry point. A multirun runs every job; it exits with 2 when any of them had an invalid config,
+    else with 1 when any failed (no node answered), else with 3 when any diverged."""
     _check_launcher_options(sys.argv[1:])
     COMMAND_START[:] = [time.monotonic() - console.process_age()]
     with hydra_errors.composition_errors("flower-simulation"):

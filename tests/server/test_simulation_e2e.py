@@ -83,6 +83,20 @@ def test_flower_plot_aggregates_runs(multirun, tmp_path):
     assert out.stat().st_size > 0
 
 
+@pytest.mark.parametrize("momenta", ["1.5,0.5", "${nope},0.5"])
+def test_an_invalid_job_of_a_multirun_fails_alone_and_the_sweep_exits_2(tiny_data, tmp_path, momenta):
+    """Hydra's own launcher runs jobs one after another: the invalid first job does not end the sweep."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", *sim_args(tiny_data, sweep / "unused")[:-1], *IN_PROCESS, "strategy=fedavgm"]
+    proc = run_cli("flower-simulation", [*args, f"strategy.momentum={momenta}", f"hydra.sweep.dir={sweep}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    bad = [line for line in proc.stderr.splitlines() if "invalid configuration" in line]
+    assert len(bad) == 1 and "strategy.momentum" in bad[0] and str(sweep / "0_") in bad[0], proc.stderr[-3000:]
+    statuses = sorted(json.loads((p / "status.json").read_text())["status"] for p in sweep.iterdir() if p.is_dir())
+    assert statuses == ["failed", "finished"]
+    assert "1 job(s) invalid" in proc.stderr
+
+
 def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
     extra = [*IN_PROCESS, "num_rounds=4", "strategy=fedcm", "data.root=" + str(tiny_data["folder"])]
     full_dir, killed_dir = full_and_resumed(tiny_data, tmp_path, extra)
