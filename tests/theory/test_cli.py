@@ -46,6 +46,8 @@ def test_surrogate_point_mode_prints_json(tmp_path, capsys):
         (["surrogate", "--gamma", "abc"], "expected a number"),
         (["surrogate", "--example", "x"], "invalid choice"),
         (["surrogate", "--gamma", "3", "--K", "2"], "smaller --gamma"),
+        (["table1", "--out", "/proc/x"], "--out /proc/x: cannot create it"),
+        (["ghbm-point", "--out", "/proc/x"], "--out /proc/x: cannot create it"),
     ],
 )
 def test_bad_input_gives_a_clear_error(argv, message, capsys):
