@@ -227,7 +227,10 @@ def build_report(args: argparse.Namespace) -> list[Path]:
             raise ReportError("--best-per names every swept key: no key is left to select (give --select)")
         best = select_best(configs, [k for k in keys if k not in args.select], args.criterion, args.minimize_criterion)
     out = Path(args.out or args.sweep_dirs[0])
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ReportError(f"--out {out}: cannot create it ({err.strerror or type(err).__name__})") from None
     shown = [b["best"] for b in best if b["best"]] if best is not None else list(configs)
     figures = [report_plots.plot_curves(out / "curves.png", shown, keys, args.metric)]
     if "pop_gap" in columns:

@@ -95,6 +95,11 @@ def test_a_report_lists_a_run_with_a_broken_file_as_incomplete_and_goes_on(finis
         assert f"`{sweep / name}`: incomplete" in text and broken in text, text
     assert "config.json is no JSON object" in text and "overrides.yaml is no YAML list of overrides" in text
     assert f"`{sweep / 'good'}`" not in text.split("Runs left out")[1]
+    proc = report(sweep, "--out", "/proc/x")
+    assert (
+        proc.returncode == 2
+        and proc.stderr == "flower-report: --out /proc/x: cannot create it (No such file or directory)\n"
+    )
 
 
 def test_flower_plot_names_a_broken_file(finished, tmp_path):
