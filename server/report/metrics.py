@@ -357,6 +357,10 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
     if args.metric not in COLUMNS[1:]:
         parser.error(f"--metric must be a metrics.csv column other than round, got {args.metric!r}")
     out_path = args.out or Path(f"{args.metric}_mean_std.png")
+    try:  # before reading any run: a folder for the PNG that cannot be made is one line
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out {out_path}: cannot create its folder ({err.strerror or type(err).__name__})")
     runs = []
     for path in args.runs:
         if not path.is_dir():
