@@ -36,6 +36,7 @@ from server.run import config as config_lib
 from server.run import quiet
 from server.run.app import DivergenceError, run_experiment, write_status
 from server.run.config import RunConfig
+from server.run.console import TO_CONSOLE
 from server.run.data import prepare_data
 from server.run.evaluator import Evaluator
 from server.stacked.grid import JobGrid
@@ -152,7 +153,8 @@ def _quiet_jobs() -> Iterator[None]:
 
 
 def _say(message: str, *args: Any) -> None:
-    log(INFO, message, *args, extra={GROUP_MARK: True})
+    """A line of the group: on the console, not in the run.log of the job whose thread happens to log it."""
+    log(INFO, message, *args, extra={GROUP_MARK: True, **TO_CONSOLE})
 
 
 class _Job(threading.Thread):

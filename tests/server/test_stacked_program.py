@@ -218,6 +218,7 @@ def test_population_evaluations_of_a_round_are_one_pass_and_equal_lone_runs_to_r
     for name, overrides in jobs.items():
         log = (tmp_path / "stacked" / name / "run.log").read_text()  # its own lines only, every round's
         assert [other for other in jobs if f"stacked/{other}:" in log] == [name] and "[round 6/6]" in log
+        assert "[stacked]" not in log  # the group's lines are the console's
         simulate(composed(tmp_path / "lone" / name, tiny_data, *overrides, *common))
         a, b = (
             np.load(tmp_path / "stacked" / name / "final_model.npz"),
