@@ -7,8 +7,9 @@ replies (encoding, client state: ``store_stacked``) and the host's rest (strateg
 server rule, metrics rows, logging; in a group, the jobs' turns at the barrier): host time = the whole minus the step.
 
 The setting is :mod:`benchmarks.stacked_sweep`'s ``host`` one: logistic regression, 6 generated clients of 12 images
-(3 a round, B = 8), no evaluation after round 0, FedAvg / FedCM / GHBM / FedHBM by turns. What a round costs there is
-the host's work: strategy, Flower messages, reply validation, metrics rows, logging and the stacked step's Python.
+(3 a round, B = 8), no evaluation but round 0's and the last round's (both runs of a mode have them: they cancel out),
+FedAvg / FedCM / GHBM / FedHBM by turns. What a round costs there is the host's work: strategy, Flower messages, reply
+validation, metrics rows, logging and the stacked step's Python.
 
     python -m benchmarks.host_round --jobs 8 --rounds 200 --repeats 3
 

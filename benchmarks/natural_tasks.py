@@ -22,7 +22,8 @@ measures, each in a fresh subprocess running the project's own loading path (``c
 and seconds per round of ``flower-simulation +experiment=seed001_<task> data.root=<copy> num_rounds=R`` on each
 engine (``metrics.csv`` ``seconds``; round 1 reported apart, the median over rounds 2..R). The presets run as they
 are except ``eval_train=false eval_max_examples=1000``: the population loss and the test set are evaluated at
-round 0 only when R < ``eval_every`` (10), outside every round's seconds, so this only shortens the run.
+round 0 (outside every round's seconds) and at round R only when R < ``eval_every`` (10), so this only shortens the
+run (R's evaluation is in its seconds; the median over rounds 2..R is the training rounds').
 
 Real sizes (``--scale 1``): FEMNIST 814,277 rows of 3,597 writers (flwrlabs/femnist: the hub's "814k" rows,
 client/datasets/femnist.py's writer count); Shakespeare 4,226,158 rows of 1,129 roles (LEAF's full Shakespeare,

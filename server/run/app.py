@@ -200,11 +200,12 @@ class Run:
         }
 
     def evaluate(self, rnd: int, row: dict[str, Any]) -> str:
-        """Add the evaluations of round ``rnd`` to ``row`` when it is due (every ``eval_every`` rounds and the tail
-        rounds) and the global model is finite; returns why the run diverged ('' when it did not)."""
+        """Add the evaluations of round ``rnd`` to ``row`` when it is due (every ``eval_every`` rounds, the last round
+        and the tail rounds) and the global model is finite; returns why the run diverged ('' when it did not)."""
         window, evaluator = self.window, self.evaluator
         diverged = _divergence(self.strategy)
-        if not diverged and (rnd % self.config.eval_every == 0 or rnd in self.tail_rounds):
+        due = rnd % self.config.eval_every == 0 or rnd == self.num_rounds or rnd in self.tail_rounds
+        if not diverged and due:
             row.update(evaluator.metrics(self.arrays))
             if not math.isfinite(row["loss"]):
                 diverged = f"the test loss of the global model is {row['loss']}"

@@ -85,6 +85,26 @@ def test_the_steps_that_need_no_grid_work_without_one(tiny_data, tmp_path):
     assert json.loads((run.run_dir / "status.json").read_text())["status"] == "diverged"
 
 
+@pytest.mark.parametrize(
+    "overrides, evaluated",
+    [
+        (["num_rounds=5", "eval_every=2"], [0, 2, 4, 5]),  # the last round too, whatever eval_every says
+        (["num_rounds=5", "eval_every=100"], [0, 5]),
+        (["num_rounds=6", "eval_every=3", "eval_tail=2"], [0, 3, 5, 6]),
+        (["num_rounds=6", "eval_every=4", "eval_tail=1", "eval_tail_at=[2]"], [0, 2, 4, 6]),
+    ],
+)
+def test_the_rounds_evaluated_are_every_eval_every_the_last_and_the_tails(tiny_data, tmp_path, overrides, evaluated):
+    run = Run(RunConfig.from_dict(make_cfg(tiny_data, tmp_path / "run", *overrides)))
+    run.resume()
+    due = [0]
+    for rnd in range(1, run.num_rounds + 1):
+        row: dict = {"round": rnd}
+        run.evaluate(rnd, row)
+        due += [rnd] if "accuracy" in row else []
+    assert due == evaluated
+
+
 def test_a_run_config_is_validated_once_where_it_enters(tiny_data, tmp_path, monkeypatch):
     """RunConfig.from_dict validates; run_experiment and the batched engine take the RunConfig as it is."""
     from server.batched import engine
