@@ -29,13 +29,11 @@ DECAY_KEYS = ("window", "patience", "cooldown", "min_delta", "client_decay", "se
 SERVER_OPTIMIZER_KEYS = ("server_optimizer", "beta_1", "beta_2", "tau", "bias_correction")
 
 
-def _one(check: Callable[..., Any]) -> Callable[..., Any]:
-    """``check`` of a config value that must be one number (the math's checks also take arrays of them)."""
+def _one(check: Callable[..., Any], name: str = "momentum") -> Callable[..., Any]:
+    """``check`` of the config value ``name`` that must be one number (the math's checks also take arrays)."""
 
     def checked(value: Any, *args: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"must be a number, got {value!r}")
-        check(value, *args)
+        check(fm.as_number(value, name), *args)
 
     return checked
 

@@ -33,6 +33,7 @@ from server.deploy.federation import LOOPBACK, DeployError, Federation, Federati
 from server.run import config as config_lib
 from server.run import console, hydra_errors, procs
 from server.run import help as cli_help
+from server.run.errors import first_line
 from server.run.transport import RUN_CONFIG_KEY
 from strategies.participation import CyclicSchedule, make_schedule
 
@@ -181,8 +182,7 @@ def deploy(
         app_dir = stage_app(Path(d.get("app_dir") or ROOT), run_dir / "deploy" / "app")
     except Exception as err:  # no pyproject.toml, a broken one, an unreadable file: before any process starts
         raise config_lib.ConfigError(
-            f"'deploy.app_dir': cannot pack {d.get('app_dir') or ROOT} as a Flower app: "
-            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
+            f"'deploy.app_dir': cannot pack {d.get('app_dir') or ROOT} as a Flower app: {first_line(err)}"
         ) from None
     opts = options(d, int(cfg["num_clients"]))
     opts.torch_threads = node_threads(cfg)  # what each SuperNode spawned here is told

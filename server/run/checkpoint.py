@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from flwr.common.logger import log
 
-from server.run.errors import ConfigError
+from server.run.errors import ConfigError, first_line
 from server.run.window import ModelWindow, split_arrays
 
 CHECKPOINT = "checkpoint"
@@ -115,10 +115,9 @@ def resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWindo
     except ConfigError:
         raise
     except (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError, BadZipFile) as err:
-        why = type(err).__name__ + (f": {str(err).strip().splitlines()[0][:200]}" if str(err).strip() else "")
         raise ConfigError(
-            f"cannot resume: the checkpoint in {run_dir / CHECKPOINT} cannot be read ({why}); move it away to start "
-            "afresh"
+            f"cannot resume: the checkpoint in {run_dir / CHECKPOINT} cannot be read ({type(err).__name__}: "
+            f"{first_line(err)}); move it away to start afresh"
         ) from None
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from server.run.errors import ConfigError
+from server.run.errors import ConfigError, first_line
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config groups
 
@@ -25,5 +25,4 @@ def to_plain(cfg: Any) -> dict[str, Any]:
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"{key}: {message}" if key else message) from None
+        raise ConfigError(f"{key}: {first_line(err)}" if key else first_line(err)) from None

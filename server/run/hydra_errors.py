@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
+from server.run.errors import first_line
+
 FULL_ERROR = "HYDRA_FULL_ERROR"  # Hydra prints its errors itself unless this is "1"; with it, they reach the caller
 COMPOSE_ERRORS = (ConfigCompositionException, OverrideParseException)
 
@@ -32,7 +34,7 @@ def describe(err: BaseException) -> str:
     if isinstance(cause, OmegaConfBaseException) and "not in struct" in str(cause) and getattr(cause, "full_key", None):
         return f"{' '.join(lines)} (the config has no key {cause.full_key!r})"
     if cause is not None and str(cause).strip():
-        return f"{' '.join(lines)} ({str(cause).strip().splitlines()[0]})"
+        return f"{' '.join(lines)} ({first_line(cause)})"
     return " ".join(lines)
 
 

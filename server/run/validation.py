@@ -41,18 +41,12 @@ def _positive_int(cfg: Mapping[str, Any], key: str, minimum: int = 1) -> int:
 
 
 def _number(value: Any, key: str) -> float:
-    """``value`` as a float, or a :class:`ConfigError` naming ``key``."""
+    """``value`` as one float (the math's checks also take arrays of them), or a :class:`ConfigError` naming
+    ``key``."""
     try:
         return fm.as_number(value, f"'{key}'")
     except ValueError as err:
         raise ConfigError(str(err)) from None
-
-
-def _one(value: Any, key: str) -> Any:
-    """``value`` when it is one number (the math's checks also take arrays of them), else a ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"'{key}' must be a number, got {value!r}")
-    return value
 
 
 def _check(key: str, check: Any, *args: Any) -> None:
@@ -123,10 +117,13 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     if name not in STRATEGIES:
         raise ConfigError(f"'strategy.name' must be one of {STRATEGIES}, got {name!r}")
     spec = registry.STRATEGIES[name]
-    server_lr = _one(_require(cfg, "strategy.server_lr"), "strategy.server_lr")
+    server_lr = _number(_require(cfg, "strategy.server_lr"), "strategy.server_lr")
     _check("strategy.server_lr", fm.check_lr, server_lr, "server_lr", spec.server_lr_may_be_zero)
     _check(
-        "strategy.client_lr", fm.check_lr, _one(_require(cfg, "strategy.client_lr"), "strategy.client_lr"), "client_lr"
+        "strategy.client_lr",
+        fm.check_lr,
+        _number(_require(cfg, "strategy.client_lr"), "strategy.client_lr"),
+        "client_lr",
     )
     for key, check in spec.checks:
         _check(f"strategy.{key}", check, _require(cfg, f"strategy.{key}"))
@@ -169,7 +166,9 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "client.batch_size")
     local_steps = _positive_int(cfg, "client.local_steps", 0)
     _positive_int(cfg, "client.local_epochs", 0 if local_steps > 0 else 1)
-    _check("client.weight_decay", fm.check_lr, _one(c.get("weight_decay", 0.0), "client.weight_decay"), "weight_decay")
+    _check(
+        "client.weight_decay", fm.check_lr, _number(c.get("weight_decay", 0.0), "client.weight_decay"), "weight_decay"
+    )
     if "loss_before_batches" in c:
         _positive_int(cfg, "client.loss_before_batches", -1)
     if "torch_threads" in c:
