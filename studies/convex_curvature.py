@@ -50,6 +50,7 @@ from client.train import num_local_steps
 from server.convex.optimum import objective, optimum
 from server.report.metrics import aggregate_runs, read_metrics
 from server.run.data import server_dataset
+from server.run.errors import ConfigError, first_line, make_dir
 from studies.convex_replay import plot_replays, replay_check, replay_error, replay_label, replay_path
 
 
@@ -122,18 +123,30 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--flow masses must be finite and >= 0, --lanczos >= 2")
     if args.plot is not None and not args.replay:
         parser.error("--plot needs --replay")
+    if args.plot is not None:
+        try:  # written last of all: its folder is made before any work
+            make_dir(args.plot.parent, "--plot's folder")
+        except ConfigError as err:
+            parser.error(str(err))
     for run in args.runs:
         if not (run / "final_model.npz").exists() or not (run / "config.json").exists():
             parser.error(f"{run} has no final_model.npz or config.json (a finished run directory is needed)")
-    cfgs = [json.loads((run / "config.json").read_text()) for run in args.runs]
-    for run, cfg in zip(args.runs, cfgs):
-        reason = replay_check(cfg) if args.replay else None
+    cfgs, keys = [], []
+    for run in args.runs:
+        try:
+            cfg = json.loads((run / "config.json").read_text())
+            reason = replay_check(cfg) if args.replay else None
+            if reason is None:
+                data, client = cfg["data"], cfg["client"]
+                keys.append((data["name"], cfg["num_clients"], client["weight_decay"], data["alpha"]))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            parser.error(f"{run}/config.json cannot be read ({type(err).__name__}: {first_line(err)})")
         if reason is not None:
             parser.error(f"--replay: {run}: {reason}")
+        cfgs.append(cfg)
     first = cfgs[0]
-    key = (first["data"]["name"], first["num_clients"], first["client"]["weight_decay"], first["data"]["alpha"])
-    for run, cfg in zip(args.runs, cfgs):
-        if (cfg["data"]["name"], cfg["num_clients"], cfg["client"]["weight_decay"], cfg["data"]["alpha"]) != key:
+    for run, key in zip(args.runs, keys):
+        if key != keys[0]:
             parser.error(f"{run} has another objective than {args.runs[0]} (data, num_clients, μ or alpha)")
     ds = server_dataset(first)
     obj = objective(first, ds)

@@ -24,7 +24,9 @@ diverged, so a rerun after an interruption continues; a killed job resumes from 
     python -m studies.convex_study --out outputs/convex-study --stage tune --dry-run     # print the commands
     python -m studies.convex_study --scale smoke --out /tmp/s data.root=tiny.tar.gz      # the test suite's
 
-Trailing ``KEY=VALUE`` arguments are Hydra overrides added to every job (data, cache dir, engine options).
+Trailing ``KEY=VALUE`` arguments are Hydra overrides added to every job (data, cache dir, engine options). Bad input
+(an option, an override that does not compose or validate with the study's presets, a folder that cannot be created):
+one line, exit 2, before any work.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pathlib import Path
 import yaml
 
 from server.report.runs import normalise
+from server.run.errors import ConfigError, make_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -75,6 +78,7 @@ SMOKE = [
 ]  # 10 one-class clients of the generated data, period 5
 SMOKE_GRID = {"strategy.server_lr": (1.0,), "strategy.client_lr": (0.003, 0.01)}
 TUNE_SEED = 100
+PRESETS = ("convex_tune", "convex_seed000", "convex_seed001")  # the conf/sweep/ presets of the study's calls
 
 
 @dataclass
@@ -427,8 +431,33 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"--stacked must be >= 0 (0: lone runs), got {args.stacked}")
     if args.upto is not None and not 1 <= args.upto < args.rounds:
         parser.error(f"--upto must be a round in 1..{args.rounds - 1} (before --rounds), got {args.upto}")
-    args.out = args.out.resolve()
-    return args, (SMOKE if args.scale == "smoke" else []) + extra
+    overrides = (SMOKE if args.scale == "smoke" else []) + extra
+    check_overrides(parser, overrides)
+    try:  # before any work: folders written only at the end (the report stage's figures) included
+        args.out = make_dir(args.out, "--out")
+        args.figures = args.figures and make_dir(args.figures, "--figures")
+    except ConfigError as err:
+        parser.error(str(err))
+    return args, overrides
+
+
+def check_overrides(parser: argparse.ArgumentParser, overrides: Sequence[str]) -> None:
+    """The trailing Hydra overrides composed with each preset the study runs and validated as ``flower-simulation``
+    validates a run, before any work: an unknown key, a bad value or data that is not there is one line, exit 2 (not
+    a failed call in every sweep folder)."""
+    from server.convex.cli import compose
+    from server.run import config as config_lib
+    from server.run import hydra_errors
+
+    for preset in PRESETS:
+        try:
+            try:
+                cfg = compose([f"+sweep={preset}", *overrides])
+            except Exception as err:  # Hydra's own errors: unknown group or key, bad override syntax
+                raise ConfigError(hydra_errors.describe(err)) from None
+            config_lib.validate(cfg)
+        except ConfigError as err:
+            parser.error(f"invalid configuration: {err}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -24,7 +24,8 @@ their mean model; runs whose directory names differ only in ``_seedN`` share a c
 
 P defaults to 1/``participation.fraction`` of a cyclic run. Bad input (a directory that is not a finished convex run
 with a checkpoint, a run that is not cyclic without ``--period``, P < 1, two runs with the same directory name, whose
-copies would collide in ``--out``): one line, exit 2, before any work. A configuration with one run gets no CI.
+copies would collide in ``--out``, an ``--out`` or ``--plot`` folder that cannot be created): one line, exit 2, before
+any work. A configuration with one run gets no CI.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from server.report.stats import paired, summarise
+from server.run.errors import make_dir
 
 SIMULATION = Path(sys.executable).parent / "flower-simulation"
 CONTINUE_TIMEOUT = 900  # seconds for the continuation (start-up, f* check, P rounds, 2P evaluations)
@@ -186,10 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         if len(set(names)) < len(names):
             raise ValueError(f"two runs share a directory name (their copies in --out would collide): {names}")
         checked = [(run, *check_run(run, args.period)) for run in args.runs]
+        make_dir(args.out, "--out")  # and the plot's folder: both before any run is continued
+        if args.plot is not None:
+            make_dir(args.plot.parent, "--plot's folder")
     except (ValueError, KeyError, json.JSONDecodeError) as err:
         print(f"tail_average: {err}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     per_round_means, of_mean, curves = [], [], []
     for run, _, overrides, last, period in checked:
         each, averaged = continue_run(run, args.out, overrides, last, period)

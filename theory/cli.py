@@ -12,7 +12,8 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
+
+from server.run.errors import ConfigError, make_dir
 
 EXPERIMENTS = (
     "table1",
@@ -135,9 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:  # before any computation: an output directory that cannot be made is one line
-        Path(getattr(args, "out", None) or ".").mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        parser.error(f"--out {args.out}: cannot create it ({err.strerror or type(err).__name__})")
+        make_dir(getattr(args, "out", None) or ".", "--out")
+    except ConfigError as err:
+        parser.error(str(err))
     if args.experiment == "ghbm-point":
         return _ghbm_point(args)
     if args.experiment == "surrogate" and any(getattr(args, k) is not None for k in ("example", "gamma", "K", "theta")):

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from server.run.errors import ConfigError, make_dir
+
 COLUMNS = (
     "round",
     "accuracy",
@@ -358,9 +360,9 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--metric must be a metrics.csv column other than round, got {args.metric!r}")
     out_path = args.out or Path(f"{args.metric}_mean_std.png")
     try:  # before reading any run: a folder for the PNG that cannot be made is one line
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        parser.error(f"--out {out_path}: cannot create its folder ({err.strerror or type(err).__name__})")
+        make_dir(out_path.parent, "--out's folder")
+    except ConfigError as err:
+        parser.error(str(err))
     runs = []
     for path in args.runs:
         if not path.is_dir():

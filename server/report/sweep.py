@@ -50,6 +50,7 @@ from server.report.runs import (
     upto,
 )
 from server.report.stats import format_summary
+from server.run.errors import ConfigError, make_dir
 
 
 def select_best(configs: Sequence[Config], group_keys: Sequence[str], criterion: str, minimize: bool) -> list[dict]:
@@ -228,9 +229,9 @@ def build_report(args: argparse.Namespace) -> list[Path]:
         best = select_best(configs, [k for k in keys if k not in args.select], args.criterion, args.minimize_criterion)
     out = Path(args.out or args.sweep_dirs[0])
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ReportError(f"--out {out}: cannot create it ({err.strerror or type(err).__name__})") from None
+        make_dir(out, "--out")
+    except ConfigError as err:
+        raise ReportError(str(err)) from None
     shown = [b["best"] for b in best if b["best"]] if best is not None else list(configs)
     figures = [report_plots.plot_curves(out / "curves.png", shown, keys, args.metric)]
     if "pop_gap" in columns:

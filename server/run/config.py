@@ -9,13 +9,12 @@ decode is where it enters there. The names below are re-exported for scripts: ea
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.run.errors import ConfigError
+from server.run.errors import ConfigError, make_dir
 from server.run.hydra_config import CONF_DIR, to_plain
 from server.run.messages import client_config
 from server.run.transport import decode, encode
@@ -79,11 +78,4 @@ class RunConfig:
 
 def make_run_dir(value: Any) -> str:
     """``run_dir`` as an absolute path, created; a :class:`ConfigError` when it cannot be created or written."""
-    path = Path(str(value)).resolve()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"'run_dir': cannot create {path} ({err.strerror or type(err).__name__})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"'run_dir': {path} is not writable")
-    return str(path)
+    return str(make_dir(str(value), "'run_dir'"))

@@ -1,5 +1,8 @@
 """The error of an invalid configuration (exit status 2 with a one-line message naming the key)."""
 
+import os
+from pathlib import Path
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key."""
@@ -9,3 +12,17 @@ def first_line(err: BaseException, limit: int = 200) -> str:
     """The first line of ``err``'s message (at most ``limit`` characters), or its type's name when it has none."""
     lines = str(err).strip().splitlines()
     return lines[0][:limit] if lines else type(err).__name__
+
+
+def make_dir(path: Path | str, name: str) -> Path:
+    """``path`` as an absolute folder, created with its parents, that this process can write into: what a command
+    checks before any work for a folder it writes later. A :class:`ConfigError` ``<name> <path>: cannot create it
+    (<why>)`` or ``... is not writable`` otherwise (``name``: the option or key, e.g. ``--out``)."""
+    folder = Path(path).resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{name} {folder}: cannot create it ({err.strerror or type(err).__name__})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name} {folder}: is not writable")
+    return folder

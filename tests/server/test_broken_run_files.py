@@ -110,4 +110,4 @@ def test_flower_plot_names_a_broken_file(finished, tmp_path):
     proc = run_cli("flower-plot", [run_dir, "--out", tmp_path / "x.png", "--group-by", "seed"])
     assert proc.returncode == 2 and f"{run_dir / 'config.json'} is no JSON object" in proc.stderr, proc.stderr
     proc = run_cli("flower-plot", [source, "--out", "/proc/x/a.png"])
-    assert proc.returncode == 2 and "--out /proc/x/a.png: cannot create its folder" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "--out's folder /proc/x: cannot create it" in proc.stderr, proc.stderr

@@ -37,9 +37,16 @@ def test_bad_replay_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsy
     (run / "config.json").write_text(
         '{"strategy": {"name": "fedhbm", "momentum": 0.9}, "participation": {"mode": "uniform", "fraction": 0.1}}'
     )
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    np.savez(broken / "final_model.npz", w=np.zeros(2))
+    (broken / "config.json").write_text('{"strategy": {"name": "fedavgm"')  # what a kill mid-write leaves
     for argv, words in (
         ([str(run), "--plot", str(tmp_path / "x.png")], "--plot needs --replay"),
         ([str(run), "--replay"], "fedhbm is replayed only under cyclic"),
+        ([str(run), "--replay", "--plot", "/proc/y/x.png"], "--plot's folder /proc/y: cannot create it"),
+        ([str(broken)], f"{broken}/config.json cannot be read (JSONDecodeError: "),
+        ([str(run)], f"{run}/config.json cannot be read (KeyError: 'data')"),
     ):
         with pytest.raises(SystemExit) as exit_:
             curvature.main(argv)

@@ -275,6 +275,31 @@ def test_bad_driver_input_exits_2_before_any_work(tmp_path, tiny_data):
         assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["nope=1"], "invalid configuration: Could not override 'nope'."),
+        (["strategy.client_lr=abc"], "invalid configuration: 'strategy.client_lr' must be a number, got 'abc'"),
+        (["data.root=/nonexistent/d.tar.gz"], "invalid configuration: 'data.root': no ImageFolder tree or .tar.gz"),
+        (["--out", "/proc/x"], "--out /proc/x: cannot create it (No such file or directory)"),
+        (["--figures", "/proc/y"], "--figures /proc/y: cannot create it (No such file or directory)"),
+    ],
+)
+def test_bad_overrides_and_output_folders_exit_2_before_any_work(tmp_path, tiny_data, capsys, extra, message):
+    """Trailing Hydra overrides are composed and validated with every preset of the study, and the folders it writes
+    (the report stage's figures last of all) created, before the first call: not a failed call in every sweep folder
+    or a stack trace after hours of runs."""
+    from studies import convex_study
+
+    data = [f"data.root={tiny_data['tarball']}", f"data.cache_dir={tiny_data['cache']}"]
+    with pytest.raises(SystemExit) as stop:
+        convex_study.parse([*ARGS, "--out", str(tmp_path / "s"), *data, *extra])
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("convex_study.py: error: ") and message in lines[-1], lines
+    assert not (tmp_path / "s").exists() or extra[0] == "--figures"
+
+
 def test_stacked_calls_run_their_jobs_as_stacked_programs(tmp_path, tiny_data):
     proc = driver(tmp_path / "s", tiny_data, "--stage", "tune", "--dry-run", "--stacked", "2")
     assert proc.returncode == 0, proc.stderr

@@ -105,3 +105,12 @@ def test_bad_input_is_one_line_and_exit_2(tiny_data, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("tail_average: ") and message in err[0], err
     assert not (tmp_path / "out").exists()  # refused before any work
+    folders = {  # the folders it writes: created before any run is continued (the plot's was written last of all)
+        ("--out", "/proc/x"): "--out /proc/x: cannot create it (No such file or directory)",
+        ("--out", str(tmp_path / "out"), "--plot", "/proc/y/tail.png"): "--plot's folder /proc/y: cannot create it",
+    }
+    for args, message in folders.items():
+        assert tail_average.main([str(run), *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("tail_average: ") and message in err[0], err
+    assert not (tmp_path / "out" / "run").exists()
