@@ -187,22 +187,23 @@ def plot_run(run_dir: Path | str) -> list[Path]:
             "L2 norm",
         ),
     ]
-    for name, series, ylabel in panels:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for key, label in series:
-            x, y = _series(rows, key)
-            if len(x):
-                ax.plot(x, y, label=label, marker="." if len(x) < 50 else None)
-        ax.set_xlabel("round")
-        ax.set_ylabel(ylabel)
-        if name in ("lr.png", "norm.png") and any(len(_series(rows, k)[0]) for k, _ in series):
-            ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(run_dir / name, dpi=120)
-        plt.close(fig)
-        out.append(run_dir / name)
+    with np.errstate(over="ignore"):  # log-scale ticks of values near the float range (a diverged run's lr)
+        for name, series, ylabel in panels:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for key, label in series:
+                x, y = _series(rows, key)
+                if len(x):
+                    ax.plot(x, y, label=label, marker="." if len(x) < 50 else None)
+            ax.set_xlabel("round")
+            ax.set_ylabel(ylabel)
+            if name in ("lr.png", "norm.png") and any(len(_series(rows, k)[0]) for k, _ in series):
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(run_dir / name, dpi=120)
+            plt.close(fig)
+            out.append(run_dir / name)
     gap = plot_gap(rows, run_dir / "gap.png")
     return out + ([gap] if gap else [])
 

@@ -174,7 +174,8 @@ class Run:
         except ConfigError as err:  # e.g. one client does not fit the device's memory
             write_status(self.run_dir, "failed", rnd - 1, f"invalid configuration: {err}")
             raise
-        new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging model: said once, by stop_if_diverged
+            new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         manager = getattr(strategy, "client_manager", None)
         if manager is not None and metrics is not None:  # silent nodes, query answers that came in meanwhile
             manager.note_replies(rnd, messages, replies, grid)
