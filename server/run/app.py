@@ -288,10 +288,20 @@ class Run:
 
 def write_status(run_dir: Path, status: str, last_round: int, reason: str = "") -> None:
     """status.json: "running" (also what a killed run leaves), "diverged" (exit 3, with the reason),
-    "failed" (no node answered before the first round, with the reason) or "finished"; ``round`` = the last
-    round whose metrics were written. ``flower-report`` reads it."""
+    "failed" (no node answered, an invalid configuration or a checkpoint that cannot be read; with the reason) or
+    "finished"; ``round`` = the last round whose metrics were written. ``flower-report`` reads it."""
     record = {"status": status, "round": last_round, "reason": reason}
     (run_dir / "status.json").write_text(json.dumps(record))
+
+
+def written_round(run_dir: Path) -> int:
+    """The last round whose metrics status.json says were written (0 without a readable one): the round of a
+    ``failed`` status that a run which cannot go on (a checkpoint that cannot be read) writes over it."""
+    try:
+        last = json.loads((run_dir / "status.json").read_text())["round"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return last if isinstance(last, int) and last >= 0 else 0
 
 
 def _pop_text(row: dict[str, Any]) -> str:

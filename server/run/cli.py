@@ -62,10 +62,11 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
 
 
 def record_outcome(run_dir: str, status: str, message: str = "") -> None:
-    """Note a multirun job that diverged or failed (for the exit code after the last job) and say so."""
-    if status in ("diverged", "failed"):
+    """Note a multirun job that diverged, failed or was invalid (for the exit code after the last job) and say so."""
+    jobs = {"diverged": DIVERGED_JOBS, "failed": FAILED_JOBS, "invalid": INVALID_JOBS}.get(status)
+    if jobs is not None:
         print(f"flower-simulation: {message}", file=sys.stderr)
-        (FAILED_JOBS if status == "failed" else DIVERGED_JOBS).append(run_dir)
+        jobs.append(run_dir)
 
 
 def prepare_job(cfg: DictConfig) -> RunConfig | None:
@@ -87,11 +88,11 @@ def invalid_job(run_dir: str | None, err: config_lib.ConfigError) -> None:
     job's own directory, ``run_dir``'s default)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from server.run.app import write_status
+    from server.run.app import write_status, written_round
 
     run_dir = run_dir or str(Path(HydraConfig.get().runtime.output_dir).resolve())
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    write_status(Path(run_dir), "failed", 0, f"invalid configuration: {err}")
+    write_status(Path(run_dir), "failed", written_round(Path(run_dir)), f"invalid configuration: {err}")
     print(f"flower-simulation: {run_dir}: invalid configuration: {err}", file=sys.stderr)
     INVALID_JOBS.append(run_dir)
 

@@ -34,7 +34,7 @@ from server.batched.memory import ClientDoesNotFit
 from server.batched.workers import available_cores
 from server.run import config as config_lib
 from server.run import quiet
-from server.run.app import DivergenceError, run_experiment, write_status
+from server.run.app import DivergenceError, run_experiment, write_status, written_round
 from server.run.config import RunConfig
 from server.run.console import TO_CONSOLE
 from server.run.data import prepare_data
@@ -58,8 +58,9 @@ class NotStackable(ValueError):
 
 @dataclass
 class Outcome:
-    """How a job ended: ``finished``, ``diverged``, ``failed`` (no node answered, or an invalid config), ``stopped``
-    (its group was stopped) or ``error``."""
+    """How a job ended: ``finished``, ``diverged``, ``failed`` (no node answered), ``invalid`` (an invalid
+    configuration found as it ran, e.g. a checkpoint that cannot be read or a client that does not fit; exit 2 as for
+    a lone run), ``stopped`` (its group was stopped) or ``error``."""
 
     run_dir: str
     status: str
@@ -184,8 +185,8 @@ class _Job(threading.Thread):
         except config_lib.ConfigError as err:
             if not isinstance(err, ClientDoesNotFit):  # that one is raised by a round, which wrote status.json
                 Path(run_dir).mkdir(parents=True, exist_ok=True)
-                write_status(Path(run_dir), "failed", 0, f"invalid configuration: {err}")
-            return Outcome(run_dir, "failed", f"job {self.index} ({run_dir}): invalid configuration: {err}")
+                write_status(Path(run_dir), "failed", written_round(Path(run_dir)), f"invalid configuration: {err}")
+            return Outcome(run_dir, "invalid", f"job {self.index} ({run_dir}): invalid configuration: {err}")
         except GroupStopped as err:
             return Outcome(run_dir, "stopped", str(err))
         except Exception as err:  # noqa: BLE001 - one job's failure ends that job only
@@ -283,7 +284,7 @@ def run_lone(run_cfg: RunConfig) -> Outcome:
     except NoNodesError as err:
         return Outcome(cfg["run_dir"], "failed", str(err))
     except config_lib.ConfigError as err:  # raised by a round (e.g. a client that does not fit): status.json says it
-        return Outcome(cfg["run_dir"], "failed", f"{cfg['run_dir']}: invalid configuration: {err}")
+        return Outcome(cfg["run_dir"], "invalid", f"{cfg['run_dir']}: invalid configuration: {err}")
     except Exception as err:  # noqa: BLE001 - one job's failure ends that job only, as in a group
         logging.getLogger("flwr").exception("%s failed", cfg["run_dir"])
         return Outcome(cfg["run_dir"], "error", f"{type(err).__name__}: {err}")

@@ -70,7 +70,7 @@ def test_a_client_that_does_not_fit_alone_fails_its_run_with_one_line(tmp_path, 
     assert status["status"] == "failed" and status["round"] == 0
     assert status["reason"].startswith("invalid configuration: 'client.batch_size': one client of logreg")
     (outcome,) = run_jobs([composed(tmp_path / "multirun", tiny_data, *COMMON)])  # a multirun's lone job: the same
-    assert outcome.status == "failed"
+    assert outcome.status == "invalid"  # exit 2, as the lone run's
     assert outcome.message.startswith(f"{tmp_path / 'multirun'}: invalid configuration: 'client.batch_size': one")
 
 
@@ -79,7 +79,7 @@ def test_in_a_group_only_the_job_whose_client_does_not_fit_fails(tmp_path, tiny_
     step, _ = allocator_fails(lambda inputs: any(c.cfg.seed == 1 for c in inputs))
     monkeypatch.setattr(grid_module, "stacked_local_train", step)
     outcomes = run_jobs(copy.deepcopy(cfgs), share_chunks=True)  # both jobs' clients in one chunk, then halves
-    assert [o.status for o in outcomes] == ["finished", "failed"], [o.message for o in outcomes]
+    assert [o.status for o in outcomes] == ["finished", "invalid"], [o.message for o in outcomes]
     run_dir = tmp_path / "stacked" / "seed1"
     assert outcomes[1].message.startswith(f"job 1 ({run_dir}): invalid configuration: 'client.batch_size': one client")
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"

@@ -80,6 +80,24 @@ def test_an_invalid_job_fails_alone_with_its_reason_and_the_sweep_exits_2(tmp_pa
     assert reason in status(by_status["failed"])["reason"]
 
 
+def test_a_job_whose_checkpoint_cannot_be_read_fails_alone_and_keeps_its_rounds(tmp_path, tiny_data):
+    """Resumed with a broken checkpoint, that job says why in its status.json with the round its metrics hold (not
+    round 0) and nothing of it is touched; the other job resumes and finishes; exit 2, as a lone run's."""
+    sweep = tmp_path / "sweep"
+    common = ("checkpoint_every=1", "seed=0,1")
+    first = run_cli("flower-simulation", sweep_args(tiny_data, sweep, "num_rounds=3", *common))
+    assert first.returncode == 0, first.stderr[-3000:]
+    broken, other = sorted(p for p in sweep.iterdir() if p.is_dir())
+    (broken / "checkpoint" / "state.json").write_text("{not json")
+    before = (broken / "metrics.jsonl").read_text()
+    again = run_cli("flower-simulation", sweep_args(tiny_data, sweep, "num_rounds=5", *common, "resume=true"))
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert status(broken)["status"] == "failed" and status(broken)["round"] == 3
+    assert status(broken)["reason"].startswith(f"invalid configuration: cannot resume: the checkpoint in {broken}")
+    assert (broken / "metrics.jsonl").read_text() == before
+    assert status(other) == {"status": "finished", "round": 5, "reason": ""}
+
+
 @pytest.mark.parametrize(
     "extra, expected",
     [
