@@ -60,3 +60,23 @@ def test_hydra_full_error_keeps_hydras_own_report(tiny_data, tmp_path):
     args = sim_args(tiny_data, tmp_path / "bad", "strategy=sgd")
     proc = subprocess.run([str(BIN / "flower-simulation"), *args], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "MissingConfigException" in proc.stderr
+
+
+def test_a_sweep_value_that_does_not_compose_is_one_line_before_any_job_runs(tiny_data, tmp_path):
+    """Hydra composes every job of a sweep before the first one runs (its sweeper's check of the batch): a swept value
+    that does not compose is the same one line as in a lone run, and no job ran."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", *sim_args(tiny_data, tmp_path / "unused")[:-1], "engine=batched", "model=logreg,nope"]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    proc = subprocess.run(
+        [str(BIN / "flower-simulation"), *args, f"hydra.sweep.dir={sweep}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    expected = "flower-simulation: invalid configuration: Could not find 'model/nope'"
+    assert len(lines) == 1 and lines[0].startswith(expected), proc.stderr
+    assert not list(sweep.glob("*/metrics.csv"))  # the first job did not run
