@@ -37,6 +37,7 @@ from server.run.evaluator import Evaluator
 from server.run.messages import train_record
 from server.run.partitions import save_partition_summary
 from server.run.progress import ProgressGrid, format_duration
+from server.run.run_lock import run_dir_lock
 from server.run.window import ModelWindow
 from strategies import protocol
 from strategies.client_manager import NoNodesError
@@ -66,6 +67,12 @@ def run_experiment(
     """
     run = Run(RunConfig.of(cfg), run_dir, evaluator)
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    with run_dir_lock(run.run_dir):  # one run per run directory (RunDirInUse before anything is written)
+        return _run_logged(run, grid, thread_log)
+
+
+def _run_logged(run: Run, grid: Grid, thread_log: bool) -> dict[str, Any]:
+    """:meth:`Run.run` with its run.log (this thread's records only, with ``thread_log``) and console routing."""
     handler = logging.FileHandler(run.run_dir / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     handler.addFilter(console.RunLogFilter())  # every line but the console's short round lines

@@ -77,5 +77,10 @@ class RunConfig:
 
 
 def make_run_dir(value: Any) -> str:
-    """``run_dir`` as an absolute path, created; a :class:`ConfigError` when it cannot be created or written."""
-    return str(make_dir(str(value), "'run_dir'"))
+    """``run_dir`` as an absolute path, created; a :class:`ConfigError` when it cannot be created or written, a
+    :class:`~server.run.run_lock.RunDirInUse` when another run holds it (a command's checks before any work)."""
+    from server.run.run_lock import check_free
+
+    path = make_dir(str(value), "'run_dir'")
+    check_free(path)
+    return str(path)

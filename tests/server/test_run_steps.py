@@ -68,7 +68,7 @@ def test_a_driver_calling_the_steps_gets_the_run_of_run_experiment(tiny_data, tm
     a, b = np.load(whole.run_dir / "final_model.npz"), np.load(run.run_dir / "final_model.npz")
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
     names = {p.name for p in run.run_dir.iterdir()}
-    assert names == {p.name for p in whole.run_dir.iterdir()} - {"run.log"}  # run_experiment adds the log file
+    assert names == {p.name for p in whole.run_dir.iterdir()} - {"run.log", ".lock"}  # run_experiment adds both
 
 
 def test_the_steps_that_need_no_grid_work_without_one(tiny_data, tmp_path):

@@ -1,0 +1,87 @@
+"""One run per run directory (server/run/run_lock.py): a second run of a directory that a run holds is refused with
+one line before it writes anything, in a lone run (the command's check and the round loop's own lock), a multirun
+job and a stacked group's job; the lock goes with the process that held it."""
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from simcli import IN_PROCESS, run_cli, sim_args
+from test_stacked_program import composed
+
+from server.run import config as config_lib
+from server.run.cli import simulate
+from server.run.run_lock import LOCK_FILE, RunDirInUse, check_free, run_dir_lock
+from server.stacked.launch import run_jobs
+
+HOLDER = f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+def test_a_held_run_dir_is_refused_naming_its_holder_and_free_again_after(tmp_path):
+    with run_dir_lock(tmp_path):
+        assert (tmp_path / LOCK_FILE).read_text() == HOLDER + "\n"
+        with pytest.raises(RunDirInUse, match=rf"^'run_dir': {tmp_path} is in use by another run \({HOLDER}\);"):
+            check_free(tmp_path)
+        with pytest.raises(RunDirInUse), run_dir_lock(tmp_path):
+            pass
+    check_free(tmp_path)
+    with run_dir_lock(tmp_path):  # free again
+        pass
+    assert isinstance(RunDirInUse("x"), config_lib.ConfigError)  # exit 2, as any invalid configuration
+
+
+def test_the_lock_goes_with_a_killed_holder(tmp_path):
+    """A run killed with SIGKILL leaves no stale lock: the kernel releases it with the process."""
+    code = (
+        "import sys; from server.run.run_lock import run_dir_lock\n"
+        f"with run_dir_lock({str(tmp_path)!r}):\n"
+        "    print('held', flush=True); sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(RunDirInUse, match=rf"in use by another run \(pid {holder.pid} on "):
+            check_free(tmp_path)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
+    check_free(tmp_path)
+
+
+@pytest.mark.e2e
+def test_a_second_run_of_a_held_run_dir_is_one_line_and_writes_nothing(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    args = sim_args(tiny_data, tmp_path / "hydra", *IN_PROCESS, f"run_dir={run_dir}")  # Hydra's own files elsewhere
+    with run_dir_lock(run_dir):
+        proc = run_cli("flower-simulation", args)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("flower-simulation:")]
+        assert lines == [
+            f"flower-simulation: invalid configuration: 'run_dir': {run_dir} is in use by another run ({HOLDER}); "
+            "wait for it to end or choose another run_dir"
+        ]
+        multirun = run_cli("flower-simulation", ["-m", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+        assert multirun.returncode == 2 and "is in use by another run" in multirun.stderr, multirun.stderr[-2000:]
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]  # no status.json, no metrics: nothing written
+
+
+def test_the_round_loop_holds_the_lock_itself(tiny_data, tmp_path):
+    """Past the command's check (two runs started at once), the round loop's own lock refuses the second run before
+    it writes anything; in a stacked group that job fails alone and the other runs."""
+    cfgs = [composed(tmp_path / f"job{s}", tiny_data, "model=logreg", "num_rounds=2", f"seed={s}") for s in (0, 1)]
+    held = tmp_path / "job1"
+    held.mkdir()
+    with run_dir_lock(held):
+        with pytest.raises(RunDirInUse):
+            simulate(copy.deepcopy(cfgs[1]))
+        outcomes = run_jobs(copy.deepcopy(cfgs))
+    assert [o.status for o in outcomes] == ["finished", "invalid"], [o.message for o in outcomes]
+    assert "is in use by another run" in outcomes[1].message
+    assert sorted(p.name for p in held.iterdir()) == [LOCK_FILE]
+    assert json.loads((tmp_path / "job0" / "status.json").read_text())["status"] == "finished"
