@@ -24,13 +24,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import tarfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -40,6 +42,7 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # standard constants of the binary rele
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 CACHE_VERSION = 1
 
+T = TypeVar("T")
 DECODE_STATS = {"decoded": 0}  # how many times this process built a cache entry (tests read it)
 
 
@@ -85,13 +88,12 @@ def load_dataset(
             raise FileNotFoundError(f"dataset source not found: {root}")
         source = root
     entry = cache_entry(name, source, cache_dir)
-    if not (entry / "meta.json").exists():
-        entry.mkdir(parents=True, exist_ok=True)
-        with locked(entry / ".lock"):
-            if not (entry / "meta.json").exists():  # another process may have finished meanwhile
-                arrays, classes = _decode_torchvision(root) if name == "cifar10" else _decode_folder(source)
-                _write_entry(entry, arrays, classes, str(source))
-    return _read_entry(entry)
+
+    def build() -> None:
+        arrays, classes = _decode_torchvision(root) if name == "cifar10" else _decode_folder(source)
+        _write_entry(entry, arrays, classes, str(source))
+
+    return cached_entry(entry, build, lambda: _read_entry(entry))
 
 
 def normalisation_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -147,6 +149,43 @@ def _subdirs(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
 
 
+class BrokenCacheEntry(ValueError):
+    """A complete cache entry (it has ``meta.json``) whose files cannot be read or do not fit together."""
+
+
+def cached_entry(entry: Path, build: Callable[[], None], read: Callable[[], T]) -> T:
+    """``read()`` of the cache entry ``entry``, built first by ``build()`` (once per machine: under the entry's lock,
+    ``meta.json`` written last) when it is not complete, and built again when ``read`` finds it broken
+    (:class:`BrokenCacheEntry`: a file cut short, changed or removed; a warning names the entry and why)."""
+    if (entry / "meta.json").exists():
+        try:
+            return read()
+        except BrokenCacheEntry as err:
+            logging.getLogger("flwr").warning("cache entry %s cannot be read (%s): building it again", entry, err)
+    entry.mkdir(parents=True, exist_ok=True)
+    with locked(entry / ".lock"):
+        if (entry / "meta.json").exists():
+            try:
+                return read()  # complete and readable: another process built it meanwhile
+            except BrokenCacheEntry:
+                for stale in [p for p in entry.iterdir() if p.name != ".lock" and p.is_file()]:
+                    stale.unlink()  # readers that map a file keep it until they let go
+        build()
+    return read()
+
+
+def unreadable(err: BaseException) -> BrokenCacheEntry:
+    """The :class:`BrokenCacheEntry` of an error reading an entry's files: its type and first line."""
+    lines = str(err).strip().splitlines()
+    return BrokenCacheEntry(f"{type(err).__name__}: {lines[0][:200] if lines else ''}")
+
+
+def check_entry(condition: bool, what: str) -> None:
+    """:class:`BrokenCacheEntry` saying ``what`` unless ``condition``."""
+    if not condition:
+        raise BrokenCacheEntry(what)
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """Exclusive advisory lock (POSIX flock); a no-op where fcntl does not exist."""
@@ -191,11 +230,30 @@ def _write_entry(entry: Path, arrays: dict[str, np.ndarray], classes: list[str],
 
 
 def _read_entry(entry: Path) -> Dataset:
-    meta = json.loads((entry / "meta.json").read_text())
-    arrays = {k: np.load(entry / f"{k}.npy", mmap_mode="r") for k in ("x_train", "y_train", "x_test", "y_test")}
-    return Dataset(
-        **arrays, classes=tuple(meta["classes"]), mean=tuple(meta["mean"]), std=tuple(meta["std"]), cache_path=entry
-    )
+    """The entry's arrays (memory maps) and ``meta.json``, checked to fit together; :class:`BrokenCacheEntry` else."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        arrays = {k: np.load(entry / f"{k}.npy", mmap_mode="r") for k in ("x_train", "y_train", "x_test", "y_test")}
+        ds = Dataset(
+            **arrays,
+            classes=tuple(str(c) for c in meta["classes"]),
+            mean=tuple(float(m) for m in meta["mean"]),
+            std=tuple(float(s) for s in meta["std"]),
+            cache_path=entry,
+        )
+    except (OSError, ValueError, EOFError, KeyError, TypeError) as err:
+        raise unreadable(err) from None
+    for split in ("train", "test"):
+        x, y = getattr(ds, f"x_{split}"), getattr(ds, f"y_{split}")
+        check_entry(x.dtype == np.uint8 and x.ndim == 4 and x.shape[-1] == 3, f"x_{split} is {x.dtype}{x.shape}")
+        check_entry(
+            y.dtype == np.int64 and y.shape == (len(x),), f"y_{split} is {y.dtype}{y.shape} for {len(x)} images"
+        )
+        check_entry(
+            not len(y) or 0 <= y.min() <= y.max() < len(ds.classes), f"y_{split} has labels outside the classes"
+        )
+    check_entry(len(ds.mean) == len(ds.std) == 3, "meta.json's mean or std is not per channel")
+    return ds
 
 
 # --------------------------------------------------------------------------- torchvision source

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from client.data import default_cache_dir, locked
+from client.data import BrokenCacheEntry, cached_entry, check_entry, default_cache_dir, unreadable
 from client.datacheck import DataSourceError
 
 CACHE_VERSION = 1
@@ -401,16 +401,39 @@ def build_entry(spec: TaskSpec, splits: Mapping[str, Any], entry: Path, seed: in
 
 
 def read_entry(spec: TaskSpec, entry: Path) -> NaturalData:
-    meta = json.loads((entry / "meta.json").read_text())
-    arrays = {
-        s: {
-            p.name[len(s) + 1 : -4]: np.load(p, mmap_mode="r")
-            for p in sorted(entry.glob(f"{s}_*.npy"))
-            if p.name != "train_offsets.npy"
+    """The entry's arrays (memory maps), offsets and ``meta.json``, checked to fit together and to give the first
+    client's and the test split's examples; :class:`client.data.BrokenCacheEntry` else."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        arrays = {
+            s: {
+                p.name[len(s) + 1 : -4]: np.load(p, mmap_mode="r")
+                for p in sorted(entry.glob(f"{s}_*.npy"))
+                if p.name != "train_offsets.npy"
+            }
+            for s in meta["num_rows"]
         }
-        for s in meta["num_rows"]
-    }
-    return NaturalData(spec, meta, arrays, np.load(entry / "train_offsets.npy"), entry)
+        data = NaturalData(spec, meta, arrays, np.load(entry / "train_offsets.npy"), entry)
+        offsets, rows = data.offsets, {s: int(n) for s, n in meta["num_rows"].items()}
+        check_entry(offsets.ndim == 1 and len(offsets) >= 2, f"train_offsets.npy is {offsets.dtype}{offsets.shape}")
+        ends = int(offsets[0]) == 0 and int(offsets[-1]) == rows["train"] and bool((np.diff(offsets) >= 0).all())
+        check_entry(ends, f"train_offsets.npy does not split the {rows['train']} train rows")
+        for split, named in arrays.items():
+            for name, array in named.items():
+                if name.endswith("_ptr"):  # a ragged array's row offsets: one more than the rows, ending at its size
+                    flat = named.get(name[: -len("_ptr")])
+                    fits = flat is not None and len(array) == rows[split] + 1 and int(array[-1]) == len(flat)
+                    check_entry(fits, f"{split}_{name}.npy does not index {split}_{name[: -len('_ptr')]}.npy")
+                elif name + "_ptr" not in named:
+                    check_entry(len(array) == rows[split], f"{split}_{name}.npy has {len(array)} of {rows[split]} rows")
+        data.client(0, augment=False)  # the task's own reading of its arrays: a missing one is a KeyError
+        for split in arrays:
+            data.split(split, stop=1)
+    except BrokenCacheEntry:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, TypeError, IndexError) as err:
+        raise unreadable(err) from None
+    return data
 
 
 def load_natural(
@@ -425,9 +448,5 @@ def load_natural(
     entry = (
         Path(cache_dir or default_cache_dir()).expanduser().absolute() / f"{spec.name}-{source_key(spec, root, seed)}"
     )
-    if not (entry / "meta.json").exists():
-        entry.mkdir(parents=True, exist_ok=True)
-        with locked(entry / ".lock"):
-            if not (entry / "meta.json").exists():
-                build_entry(spec, open_source(spec, root, download), entry, seed)
-    return read_entry(spec, entry)
+    build = lambda: build_entry(spec, open_source(spec, root, download), entry, seed)  # noqa: E731
+    return cached_entry(entry, build, lambda: read_entry(spec, entry))

@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import weakref
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,8 +113,8 @@ def _load(path: Path, obj: PopulationObjective, tol: float) -> Optimum | None:
         with np.load(path, allow_pickle=False) as npz:
             w, f_star, mu = np.asarray(npz["w"], dtype=np.float64), float(npz["f_star"]), float(npz["mu"])
         value, grad = obj.value_grad(w)
-    except (OSError, ValueError, KeyError) as err:
-        LOG.warning("f* cache %s unreadable (%s): solving again", path, err)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:  # e.g. a file cut short
+        LOG.warning("f* cache %s unreadable (%s: %s): solving again", path, type(err).__name__, err)
         return None
     grad_norm = float(np.linalg.norm(grad))
     if mu != obj.mu or not abs(value - f_star) <= MATCH * max(1.0, abs(value)) or not grad_norm <= tol:

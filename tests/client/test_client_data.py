@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import subprocess
@@ -165,3 +166,39 @@ def test_an_image_that_cannot_be_used_is_named(image_folder: Path) -> None:
         with pytest.raises(data.BadImage, match=re.escape(f"bad.jpg {words}")):
             data.decode_images([*blobs[:3], bad, *blobs[3:]], names=[*names[:3], "bad.jpg", *names[3:]])
     assert np.array_equal(data.decode_images(blobs), good)
+
+
+def _labels_out_of_range(entry: Path) -> None:
+    np.save(entry / "y_train.npy", np.full(len(np.load(entry / "y_train.npy")), 99, dtype=np.int64))
+
+
+BROKEN_ENTRIES = {
+    "an array cut short": (lambda e: os.truncate(e / "x_train.npy", 100), "ValueError: "),
+    "meta.json not JSON": (lambda e: (e / "meta.json").write_text("{not json"), "JSONDecodeError: "),
+    "an array missing": (lambda e: (e / "y_test.npy").unlink(), "FileNotFoundError: "),
+    "labels out of range": (_labels_out_of_range, "y_train has labels outside the classes"),
+    "images of another dtype": (
+        lambda e: np.save(e / "x_test.npy", np.load(e / "x_test.npy").astype(np.float32)),
+        "x_test is float32",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN_ENTRIES))
+def test_a_broken_cache_entry_is_decoded_again(tarball: Path, tmp_path: Path, caplog, name: str) -> None:
+    """A complete entry (it has meta.json) whose files cannot be read or do not fit together: a warning naming the
+    entry and why, then the entry is built again, with the same arrays (it was a stack trace, on every run)."""
+    good = load_dataset("cifar10_folder", tarball, tmp_path)
+    expected = {k: np.array(getattr(good, k)) for k in ("x_train", "y_train", "x_test", "y_test")}
+    breaks, why = BROKEN_ENTRIES[name]
+    breaks(good.cache_path)
+    before = DECODE_STATS["decoded"]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        again = load_dataset("cifar10_folder", tarball, tmp_path)
+    assert DECODE_STATS["decoded"] == before + 1 and again.cache_path == good.cache_path
+    assert all(np.array_equal(getattr(again, k), v) for k, v in expected.items())
+    assert (again.mean, again.std, again.classes) == (good.mean, good.std, good.classes)
+    [warning] = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert warning.startswith(f"cache entry {good.cache_path} cannot be read (") and why in warning, warning
+    load_dataset("cifar10_folder", tarball, tmp_path)
+    assert DECODE_STATS["decoded"] == before + 1  # whole again: read, not decoded

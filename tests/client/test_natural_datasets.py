@@ -3,6 +3,9 @@ real flwr-datasets partitioners, every model's forward/backward and size, and ba
 
 from __future__ import annotations
 
+import logging
+import os
+
 import datasets
 import numpy as np
 import pytest
@@ -297,3 +300,48 @@ def test_reading_a_built_cache_imports_no_hub_libraries(name, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _cut(path):
+    os.truncate(path, 100)
+
+
+def _shift_ptr(entry):  # a ragged array's offsets that no longer end at its size
+    ptr = np.load(entry / "train_words_ptr.npy")
+    np.save(entry / "train_words_ptr.npy", ptr + 1)
+
+
+NATURAL_BREAKS = {
+    "an array cut short": ("femnist", lambda e: _cut(e / "train_x.npy"), "ValueError: "),
+    "an array missing": ("femnist", lambda e: (e / "train_y.npy").unlink(), "KeyError: 'y'"),
+    "offsets that do not split the rows": (
+        "femnist",
+        lambda e: np.save(e / "train_offsets.npy", np.array([0, 5, 3, 99999])),
+        "train_offsets.npy does not split the",
+    ),
+    "rows missing from an array": (
+        "femnist",
+        lambda e: np.save(e / "train_y.npy", np.load(e / "train_y.npy")[:-1]),
+        "train_y.npy has 60 of 61 rows",
+    ),
+    "a ragged array's offsets": ("stackoverflow_tp", _shift_ptr, "train_words_ptr.npy does not index"),
+    "meta.json not JSON": ("shakespeare", lambda e: (e / "meta.json").write_text("{"), "JSONDecodeError: "),
+}
+
+
+@pytest.mark.parametrize("case", list(NATURAL_BREAKS))
+def test_a_broken_cache_entry_is_built_again(case, tmp_path, caplog):
+    """A complete entry whose files cannot be read or do not fit together is built again, with a warning naming it
+    and why, and gives the same arrays (it was a stack trace on every run)."""
+    name, breaks, why = NATURAL_BREAKS[case]
+    root = write(MAKERS[name](), tmp_path / "copy", "parquet")
+    good = load_task(name, str(root), str(tmp_path / "cache"))
+    expected = {k: np.array(v) for k, v in good.arrays["train"].items()}
+    breaks(good.cache_path)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        again = load_task(name, str(root), str(tmp_path / "cache"))
+    [warning] = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert warning.startswith(f"cache entry {good.cache_path} cannot be read (") and why in warning, warning
+    assert again.cache_path == good.cache_path and np.array_equal(again.offsets, good.offsets)
+    assert set(again.arrays["train"]) == set(expected)
+    assert all(np.array_equal(again.arrays["train"][k], v) for k, v in expected.items())

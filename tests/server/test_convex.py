@@ -176,6 +176,9 @@ def test_optimum_caches_and_distrusts_its_cache(problem, solution, tmp_path):
         nudged = float(npz["f_star"]) * (1 + 1e-14)
         np.savez(first.path, w=npz["w"], f_star=nudged, mu=npz["mu"], grad_norm=npz["grad_norm"])
     assert optimum(cfg, ds, obj).f_star == nudged != obj.value(np.load(first.path)["w"])
+    first.path.write_bytes(first.path.read_bytes()[:300])  # an entry cut short (not a zip file): solved again
+    resolved = optimum(cfg, ds, obj)
+    assert not resolved.cached and resolved.f_star == pytest.approx(first.f_star, rel=1e-13)
     other_mu = {**cfg, "client": {**cfg["client"], "weight_decay": 2 * MU}}
     assert cache_path(other_mu, ds, objective(other_mu, ds)) != first.path
 
