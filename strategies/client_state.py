@@ -51,7 +51,7 @@ import numpy as np
 from strategies import client_step, npy, protocol
 from strategies import math as fm
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flwr")  # Flower's: the node's console and logs, a simulated run's run.log
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FILE = re.compile(r"^r(\d{8})-([A-Za-z0-9_-]{1,64})\.npz$")
 Arrays = dict[str, np.ndarray]

@@ -19,12 +19,14 @@ those files (run id, one segment per server start) and keeps it in its checkpoin
 from __future__ import annotations
 
 from collections.abc import Iterable
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
 
-from strategies import client_state, protocol
+from strategies import client_state, protocol, validation
 from strategies import math as fm
 from strategies.base import ServerOptStrategy
 from strategies.client_state import new_id
@@ -134,6 +136,17 @@ class _StatefulClients(_GHBMServer):
         self.state_starts: list[int] = [1]
         self.state_ids: list[str] = [new_id()]
         self.checkpoint_round: int | None = None
+
+    def _validate_replies(self, server_round: int, replies: list[Message]) -> list[validation.CheckedReply]:
+        """The accepted replies; a warning when some clients found their stored state corrupt and ran the round as a
+        first participation (``state-invalid``; each client's own log says why), which changes the run's
+        trajectory."""
+        accepted = super()._validate_replies(server_round, replies)
+        ignored = sum(1 for c in accepted if c.metrics.get(protocol.STATE_INVALID, 0.0) > 0)
+        if ignored:
+            log(WARNING, "Round %d: %d client(s) ignored a corrupt stored state (a first participation instead)",
+                server_round, ignored)  # fmt: skip
+        return accepted
 
     def checkpoint_due(self, server_round: int) -> None:
         """States kept in memory by nodes of this process reach their files (:func:`client_state.flush`), pruned by

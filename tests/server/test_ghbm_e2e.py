@@ -58,3 +58,24 @@ def test_the_ghbm_family_runs_on_cifar_like_data(tiny_data, tmp_path):
             models[name] = {k: npz[k] for k in npz.files}
     for key, value in models["ghbm"].items():
         np.testing.assert_array_equal(models["localghbm"][key], value)
+
+
+def test_a_corrupt_client_state_is_said_on_the_console_and_in_run_log(tiny_data, tmp_path):
+    """A state file cut short (a full disk, a copy interrupted) makes its client run the round as a first
+    participation: the client's reason and the server's count of such clients reach the console and run.log (the
+    client's warning went to no log a user reads, and the run's trajectory changed unannounced)."""
+    run_dir = tmp_path / "run"
+    common = [*IN_PROCESS, "model=logreg", "strategy=fedhbm", "checkpoint_every=2", f"run_dir={run_dir}"]
+    first = run_cli("flower-simulation", sim_args(tiny_data, tmp_path / "hydra", *common, "num_rounds=2"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    [(partition, _, _), *_] = state_files(run_dir)
+    [path] = (run_dir / "client_state").glob(f"*/{partition}/r*.npz")
+    path.write_bytes(path.read_bytes()[:200])
+    again = run_cli(
+        "flower-simulation", sim_args(tiny_data, tmp_path / "hydra", *common, "num_rounds=4", "resume=true")
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    log = (run_dir / "run.log").read_text()
+    for text in (again.stdout + again.stderr, log):
+        assert f"Ignoring the client state of {path.parent}" in text and "cannot be read (BadZipFile)" in text
+        assert "1 client(s) ignored a corrupt stored state (a first participation instead)" in text
