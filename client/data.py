@@ -170,6 +170,8 @@ def cached_entry(entry: Path, build: Callable[[], None], read: Callable[[], T]) 
             except BrokenCacheEntry:
                 for stale in [p for p in entry.iterdir() if p.name != ".lock" and p.is_file()]:
                     stale.unlink()  # readers that map a file keep it until they let go
+        for stale in entry.glob(".*.tmp"):  # left by a build that was killed (only the lock's holder writes them)
+            stale.unlink()
         build()
     return read()
 

@@ -184,6 +184,14 @@ BROKEN_ENTRIES = {
 }
 
 
+def test_a_killed_build_s_files_are_removed_when_the_entry_is_built(tarball: Path, tmp_path: Path) -> None:
+    entry = data.cache_entry("cifar10_folder", tarball.absolute(), tmp_path)
+    entry.mkdir(parents=True)
+    (entry / ".x_train.npy.999999.tmp").write_bytes(b"a killed build's half")  # no meta.json: not complete
+    built = load_dataset("cifar10_folder", tarball, tmp_path)
+    assert built.cache_path == entry and not list(entry.glob("*.tmp")) and not list(entry.glob(".*.tmp"))
+
+
 @pytest.mark.parametrize("name", list(BROKEN_ENTRIES))
 def test_a_broken_cache_entry_is_decoded_again(tarball: Path, tmp_path: Path, caplog, name: str) -> None:
     """A complete entry (it has meta.json) whose files cannot be read or do not fit together: a warning naming the
