@@ -19,7 +19,7 @@ from server.report.stats import Summary, summarise
 AVERAGED = "seed"  # runs differing only in these keys are the seeds of one configuration
 # Overrides that say where or how a run is stored, never what it computes: not configuration keys, so runs started
 # one by one (each with its own run_dir) still group into configurations of seeds.
-STORAGE_KEYS = ("run_dir", "resume", "checkpoint_every", "data.cache_dir", "plots", "verbose")
+STORAGE_KEYS = ("run_dir", "resume", "overwrite", "checkpoint_every", "data.cache_dir", "plots", "verbose")
 HORIZON_KEYS = ("num_rounds", "eval_tail_at")  # with --upto T every run is read at T: not configuration keys
 FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES = "finished", "diverged", "incomplete", "no_replies"
 STATUSES = (FINISHED, DIVERGED, INCOMPLETE, NO_REPLIES)

@@ -42,6 +42,8 @@ from server.run.window import ModelWindow
 from strategies import protocol
 from strategies.client_manager import NoNodesError
 
+EARLIER_RESULTS = ("summary.json", "final_model.npz", "final_model_avg.npz")  # written at a run's end
+
 
 class DivergenceError(RuntimeError):
     """The global model or its evaluation became NaN/inf; everything written so far is kept."""
@@ -148,6 +150,10 @@ class Run:
         self.strategy = strategy_factory.build_strategy(cfg, num_train=train_size(dataset))
         start = checkpoint.resume(cfg, run_dir, self.strategy, self.window)
         self.arrays = self.strategy.model_record() if start else strategy_factory.initial_model(cfg)
+        if not cfg.get("resume"):  # a fresh run (overwrite=true): nothing of an earlier run may outlive its start
+            checkpoint.discard(run_dir)
+            for name in EARLIER_RESULTS:
+                (run_dir / name).unlink(missing_ok=True)
         if not start:
             save_partition_summary(cfg, dataset, run_dir)
         self.evaluator = self.make_evaluator(cfg, dataset)

@@ -58,6 +58,12 @@ def save(
     return final
 
 
+def discard(run_dir: Path) -> None:
+    """Remove an earlier run's checkpoint (a fresh start: a later ``resume=true`` must not continue that run)."""
+    for name in (CHECKPOINT, f".{CHECKPOINT}.tmp", f".{CHECKPOINT}.old"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+
+
 def load(run_dir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
     """(state, arrays) of the run's checkpoint, restoring the RNG states; None when there is none."""
     path = run_dir / CHECKPOINT

@@ -89,11 +89,11 @@ def invalid_job(run_dir: str | None, err: config_lib.ConfigError) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from server.run.app import write_status, written_round
-    from server.run.run_lock import RunDirInUse
+    from server.run.run_lock import RunDirRefused
 
     run_dir = run_dir or str(Path(HydraConfig.get().runtime.output_dir).resolve())
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    if not isinstance(err, RunDirInUse):  # another run's status.json is that run's
+    if not isinstance(err, RunDirRefused):  # another run's status.json is that run's
         write_status(Path(run_dir), "failed", written_round(Path(run_dir)), f"invalid configuration: {err}")
     print(f"flower-simulation: {run_dir}: invalid configuration: {err}", file=sys.stderr)
     INVALID_JOBS.append(run_dir)

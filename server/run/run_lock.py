@@ -1,12 +1,15 @@
-"""One run per run directory: while a run goes on it holds an exclusive lock on ``<run_dir>/.lock`` (POSIX
+"""A run directory is one run's: while a run goes on it holds an exclusive lock on ``<run_dir>/.lock`` (POSIX
 ``flock``, released by the kernel however the process ends, ``kill -9`` included, so a lock is never stale). A second
 run of the same directory (the same command started twice, a sweep's driver run again while it still runs) would
 interleave its metrics rows and checkpoints with the first's; it is refused with one line before it writes anything.
+So is a fresh run (``resume=false``) of a directory that holds an earlier run's results, which it would erase, unless
+``overwrite=true`` says so (:func:`check_fresh`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -20,8 +23,16 @@ from server.run.errors import ConfigError
 LOCK_FILE = ".lock"
 
 
-class RunDirInUse(ConfigError):
-    """Another run holds the run directory; nothing of it may be written (its status.json included)."""
+class RunDirRefused(ConfigError):
+    """The run directory is another run's: nothing of it may be written (its status.json included)."""
+
+
+class RunDirInUse(RunDirRefused):
+    """Another run holds the run directory now."""
+
+
+class RunDirHoldsResults(RunDirRefused):
+    """A fresh run would erase an earlier run's results."""
 
 
 @contextlib.contextmanager
@@ -63,3 +74,25 @@ def check_free(run_dir: Path | str) -> None:
     then holds the lock with :func:`run_dir_lock`)."""
     with run_dir_lock(run_dir):
         pass
+
+
+def check_fresh(run_dir: Path | str) -> None:
+    """:class:`RunDirHoldsResults` when ``run_dir`` holds an earlier run's metrics (a fresh run rewrites them): the
+    check of ``resume=false`` without ``overwrite=true``."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    try:
+        lines = [line for line in metrics.read_text().splitlines() if line.strip()]
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as err:
+        raise RunDirHoldsResults(f"'run_dir': {metrics} cannot be read ({err.strerror})") from None
+    if not lines:
+        return
+    try:
+        upto = f"metrics up to round {int(json.loads(lines[-1])['round'])}"
+    except (ValueError, KeyError, TypeError):
+        upto = f"{len(lines)} metrics rows"
+    raise RunDirHoldsResults(
+        f"'run_dir': {Path(run_dir).resolve()} holds an earlier run's results ({upto}); resume=true continues it, "
+        "overwrite=true replaces it, or choose another run_dir"
+    )

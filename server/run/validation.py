@@ -12,6 +12,7 @@ from typing import Any
 from client.partition import parse_alpha
 from client.tasks import MODEL_OUTPUTS, NATURAL_DATASETS, TASK_MODEL
 from server.convex.checks import CONVEX_MODELS
+from server.run import run_lock
 from server.run.errors import ConfigError
 from strategies import math as fm
 from strategies import registry, schedules
@@ -109,6 +110,10 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         raise ConfigError(f"'verbose' must be true or false, got {cfg['verbose']!r}")
     if not isinstance(cfg.setdefault("resume", False), bool):
         raise ConfigError(f"'resume' must be true or false, got {cfg['resume']!r}")
+    if not isinstance(cfg.setdefault("overwrite", False), bool):
+        raise ConfigError(f"'overwrite' must be true or false, got {cfg['overwrite']!r}")
+    if not (cfg["resume"] or cfg["overwrite"]) and cfg.get("run_dir"):
+        run_lock.check_fresh(cfg["run_dir"])  # a fresh run would erase an earlier run's results
     if "round_timeout" in cfg and not _number(cfg["round_timeout"], "round_timeout") > 0:
         raise ConfigError(f"'round_timeout' must be a number > 0 (seconds), got {cfg['round_timeout']!r}")
     _validate_eval_train(cfg)

@@ -39,7 +39,7 @@ from server.run.config import RunConfig
 from server.run.console import TO_CONSOLE
 from server.run.data import prepare_data
 from server.run.evaluator import Evaluator
-from server.run.run_lock import RunDirInUse
+from server.run.run_lock import RunDirRefused
 from server.stacked.grid import JobGrid
 from server.stacked.trainer import GroupStopped, GroupTrainer
 from strategies.client_manager import NoNodesError
@@ -184,7 +184,7 @@ class _Job(threading.Thread):
         except NoNodesError as err:
             return Outcome(run_dir, "failed", str(err))
         except config_lib.ConfigError as err:
-            if not isinstance(err, ClientDoesNotFit | RunDirInUse):  # a round wrote status.json / another run's
+            if not isinstance(err, ClientDoesNotFit | RunDirRefused):  # a round wrote status.json / another run's
                 Path(run_dir).mkdir(parents=True, exist_ok=True)
                 write_status(Path(run_dir), "failed", written_round(Path(run_dir)), f"invalid configuration: {err}")
             return Outcome(run_dir, "invalid", f"job {self.index} ({run_dir}): invalid configuration: {err}")

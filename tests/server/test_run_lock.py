@@ -1,6 +1,7 @@
-"""One run per run directory (server/run/run_lock.py): a second run of a directory that a run holds is refused with
+"""A run directory is one run's (server/run/run_lock.py): a second run of a directory that a run holds is refused with
 one line before it writes anything, in a lone run (the command's check and the round loop's own lock), a multirun
-job and a stacked group's job; the lock goes with the process that held it."""
+job and a stacked group's job; the lock goes with the process that held it. A fresh run of a directory that holds an
+earlier run's results is refused the same way unless overwrite=true, which then leaves nothing of the earlier run."""
 
 import copy
 import json
@@ -14,9 +15,11 @@ import pytest
 from simcli import IN_PROCESS, run_cli, sim_args
 from test_stacked_program import composed
 
+from server.report.metrics import read_metrics
 from server.run import config as config_lib
+from server.run.app import DivergenceError
 from server.run.cli import simulate
-from server.run.run_lock import LOCK_FILE, RunDirInUse, check_free, run_dir_lock
+from server.run.run_lock import LOCK_FILE, RunDirHoldsResults, RunDirInUse, check_free, check_fresh, run_dir_lock
 from server.stacked.launch import run_jobs
 
 HOLDER = f"pid {os.getpid()} on {socket.gethostname()}"
@@ -85,3 +88,52 @@ def test_the_round_loop_holds_the_lock_itself(tiny_data, tmp_path):
     assert "is in use by another run" in outcomes[1].message
     assert sorted(p.name for p in held.iterdir()) == [LOCK_FILE]
     assert json.loads((tmp_path / "job0" / "status.json").read_text())["status"] == "finished"
+
+
+def test_a_run_dir_with_an_earlier_run_s_metrics_is_not_fresh(tmp_path):
+    check_fresh(tmp_path / "absent")
+    (tmp_path / "metrics.jsonl").write_text("")
+    check_fresh(tmp_path)  # a run that wrote no row: nothing to lose
+    (tmp_path / "metrics.jsonl").write_text('{"round": 0}\n{"round": 7}\n')
+    with pytest.raises(RunDirHoldsResults, match=rf"^'run_dir': {tmp_path} holds an earlier run's results "):
+        check_fresh(tmp_path)
+    with pytest.raises(
+        RunDirHoldsResults, match=r"\(metrics up to round 7\); resume=true continues it, overwrite=true"
+    ):
+        check_fresh(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"round": 0}\n{"rou')  # a row cut short by a kill
+    with pytest.raises(RunDirHoldsResults, match=r"\(2 metrics rows\)"):
+        check_fresh(tmp_path)
+
+
+def test_a_fresh_run_over_earlier_results_needs_overwrite_and_then_keeps_nothing_of_them(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    simulate(composed(run_dir, tiny_data, "model=logreg", "num_rounds=3", "checkpoint_every=1"))
+    with pytest.raises(RunDirHoldsResults, match="metrics up to round 3"):
+        composed(run_dir, tiny_data, "model=logreg", "num_rounds=3")
+    resumed = simulate(composed(run_dir, tiny_data, "model=logreg", "num_rounds=4", "resume=true"))
+    assert resumed["rounds"] == 4
+    diverging = composed(run_dir, tiny_data, "model=logreg", "overwrite=true", "strategy.server_lr=1e300")
+    with pytest.raises(DivergenceError):
+        simulate(diverging)  # diverges in round 1, before its first checkpoint
+    assert [row["round"] for row in read_metrics(run_dir)] == [0, 1]
+    assert not (run_dir / "checkpoint").exists() and not (run_dir / "summary.json").exists()
+    assert not (run_dir / "final_model.npz").exists()  # a later resume=true cannot continue the earlier run
+
+
+@pytest.mark.e2e
+def test_a_multirun_job_over_earlier_results_fails_alone_and_leaves_them(tiny_data, tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *sim_args(tiny_data, tmp_path / "unused")[:-1], *IN_PROCESS, "model=logreg", "plots=false"]
+    first = run_cli("flower-simulation", [*args, "seed=0", f"hydra.sweep.dir={sweep}"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    [earlier] = [p for p in sweep.iterdir() if p.is_dir()]
+    status, rows = (earlier / "status.json").read_text(), (earlier / "metrics.jsonl").read_text()
+    again = run_cli("flower-simulation", [*args, "seed=0,1", f"hydra.sweep.dir={sweep}"])
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert f"{earlier}: invalid configuration: 'run_dir': {earlier} holds an earlier run's results" in again.stderr
+    assert (earlier / "status.json").read_text() == status and (earlier / "metrics.jsonl").read_text() == rows
+    assert sorted(json.loads((p / "status.json").read_text())["status"] for p in sweep.iterdir() if p.is_dir()) == [
+        "finished",
+        "finished",
+    ]
