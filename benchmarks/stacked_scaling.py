@@ -46,6 +46,7 @@ FIGURE1_JOB_ROUNDS = 4 * 5 * 10_000
 def job_overrides(model: str, index: int, run_dir: Path, data: str, cache: str, args: argparse.Namespace) -> list[str]:
     method, seed = METHODS[index % len(METHODS)], index // len(METHODS)
     common = [f"run_dir={run_dir}", f"seed={seed}", "plots=false", f"num_rounds={args.rounds}", "eval_every=2"]
+    common.append("overwrite=true")  # a measurement run again into the same --out replaces the last one
     common += [f"checkpoint_every={args.rounds}", f"data.root={data}", f"data.cache_dir={cache}", "engine=batched"]
     if model == "logreg":
         setting = ["+sweep=convex_seed000", f"method={method}", "eval_tail=0"]

@@ -54,6 +54,7 @@ def jobs(setting: str, out: Path, mode: str, args: argparse.Namespace, data: str
     for i in range(args.jobs):
         method, seed = METHODS[i % len(METHODS)], i // len(METHODS)
         common = [f"run_dir={out / setting / mode / f'{method}_seed{seed}'}", f"seed={seed}", "plots=false"]
+        common.append("overwrite=true")  # a measurement run again into the same --out replaces the last one
         common.append(f"engine.workers={args.workers}")
         if setting == "host":
             extra = [
