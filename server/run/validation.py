@@ -34,6 +34,9 @@ def _require(cfg: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
+INT64_MAX = 2**63 - 1  # Flower's records carry integers as int64
+
+
 def _positive_int(cfg: Mapping[str, Any], key: str, minimum: int = 1) -> int:
     value = _require(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -89,7 +92,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "num_rounds")
     natural = _validate_natural(cfg, check_paths)
     num_clients = _positive_int(cfg, "num_clients")
-    _positive_int(cfg, "seed", 0)
+    if _positive_int(cfg, "seed", 0) > INT64_MAX:
+        raise ConfigError(f"'seed' must be at most {INT64_MAX} (a 64-bit integer in every message), got {cfg['seed']}")
     _positive_int(cfg, "eval_every")
     if "eval_tail" in cfg:
         _positive_int(cfg, "eval_tail", 0)
@@ -112,7 +116,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         raise ConfigError(f"'resume' must be true or false, got {cfg['resume']!r}")
     if not isinstance(cfg.setdefault("overwrite", False), bool):
         raise ConfigError(f"'overwrite' must be true or false, got {cfg['overwrite']!r}")
-    if not (cfg["resume"] or cfg["overwrite"]) and cfg.get("run_dir"):
+    if check_paths and not (cfg["resume"] or cfg["overwrite"]) and cfg.get("run_dir"):
         run_lock.check_fresh(cfg["run_dir"])  # a fresh run would erase an earlier run's results
     if "round_timeout" in cfg and not _number(cfg["round_timeout"], "round_timeout") > 0:
         raise ConfigError(f"'round_timeout' must be a number > 0 (seconds), got {cfg['round_timeout']!r}")

@@ -103,6 +103,9 @@ def test_every_method_preset_validates(method, tiny_data):
         (["participation.wait_timeout=abc"], "participation.wait_timeout"),
         (["client.local_steps=abc"], "client.local_steps"),
         (["resume=maybe"], "resume"),
+        (["overwrite=maybe"], "overwrite"),
+        (["seed=-1"], "seed"),
+        (["seed=9223372036854775808"], "seed"),  # past int64: Flower's records (it was a stack trace)
         (["backend.num_cpus=abc"], "backend.num_cpus"),
         (["backend.num_gpus=abc"], "backend.num_gpus"),
         (["round_timeout=abc"], "round_timeout"),
