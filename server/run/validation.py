@@ -106,7 +106,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "checkpoint_every")
     _positive_int(cfg, "eval_max_examples", 0)
     progress = cfg.get("progress_every", 10)
-    if isinstance(progress, bool) or not isinstance(progress, int | float) or progress <= 0:
+    if isinstance(progress, bool) or not isinstance(progress, int | float) or not 0 < progress < math.inf:
         raise ConfigError(f"'progress_every' must be a number of seconds > 0, got {progress!r}")
     if not isinstance(cfg.setdefault("plots", True), bool):
         raise ConfigError(f"'plots' must be true or false, got {cfg['plots']!r}")

@@ -104,6 +104,7 @@ def test_every_method_preset_validates(method, tiny_data):
         (["client.local_steps=abc"], "client.local_steps"),
         (["resume=maybe"], "resume"),
         (["overwrite=maybe"], "overwrite"),
+        (["progress_every=nan"], "progress_every"),
         (["seed=-1"], "seed"),
         (["seed=9223372036854775808"], "seed"),  # past int64: Flower's records (it was a stack trace)
         (["backend.num_cpus=abc"], "backend.num_cpus"),
