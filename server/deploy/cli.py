@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -106,6 +108,16 @@ def state_in_file(deploy: dict[str, Any], num_clients: int | None) -> bool:
     return str(deploy.get("host", LOOPBACK)) != LOOPBACK or num_clients is None or spawned < num_clients
 
 
+def _check_resolves(d: dict[str, Any], key: str) -> None:
+    """``deploy.<key>`` is an address or a name this host resolves (a :class:`ConfigError` naming it else)."""
+    value = str(d.get(key, LOOPBACK))
+    try:
+        socket.getaddrinfo(value, None)
+    except (OSError, UnicodeError) as err:
+        why = getattr(err, "strerror", None) or type(err).__name__
+        raise config_lib.ConfigError(f"'deploy.{key}': {value!r} is no address this host resolves ({why})") from None
+
+
 def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     """Check the ``deploy`` group (after :func:`server.run.config.validate`); returns it."""
     d = cfg.get("deploy")
@@ -128,18 +140,25 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
             "'deploy.tls'/'deploy.auth' configure a spawned SuperLink; for an existing "
             "one set 'deploy.root_certificates' and register nodes with its operator"
         )
-    for key in (
-        "fleet_port",
-        "control_port",
-        "max_restarts",
-        "run_timeout",
-        "startup_timeout",
-        "stop_timeout",
-        "supernode_max_wait",
-    ):
+    for key in ("fleet_port", "control_port", "max_restarts"):
         value = d.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise config_lib.ConfigError(f"'deploy.{key}' must be a number >= 0, got {value!r}")
+        top = 65535 if key.endswith("port") else math.inf
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+            within = "in [0, 65535]" if key.endswith("port") else ">= 0"
+            raise config_lib.ConfigError(f"'deploy.{key}' must be an integer {within}, got {value!r}")
+    for key in ("run_timeout", "startup_timeout", "stop_timeout", "supernode_max_wait"):
+        value = d.get(key, 0)
+        low_ok = value > 0 if key == "startup_timeout" else value >= 0
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (low_ok and value < math.inf):
+            bound = "> 0" if key == "startup_timeout" else ">= 0"
+            raise config_lib.ConfigError(f"'deploy.{key}' must be a finite number {bound} (seconds), got {value!r}")
+    hosts = d.get("cert_hosts") or []
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+        raise config_lib.ConfigError(f"'deploy.cert_hosts' must be a list of host names or IPs, got {hosts!r}")
+    if d.get("superlink") is None:  # what this host binds and what its SuperNodes dial must resolve
+        _check_resolves(d, "host")
+        if spawn:
+            _check_resolves(d, "address")
     poll = d.get("poll_interval", 0.5)
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll <= 3:
         raise config_lib.ConfigError(f"'deploy.poll_interval' must be in (0, 3] seconds, got {poll!r}")
