@@ -45,6 +45,10 @@ class CyclicSchedule:
         groups: Sequence[Sequence[int]] | None = None,
     ) -> None:
         if groups is not None:
+            if isinstance(groups, str | bytes) or not all(
+                isinstance(g, Sequence) and not isinstance(g, str | bytes) and _ids(g) for g in groups
+            ):
+                raise ValueError(f"participation.groups must be lists of integer client ids, got {groups!r}")
             self.groups = [sorted(int(c) for c in g) for g in groups]
             flat = [c for g in self.groups for c in g]
             if sorted(flat) != list(range(num_clients)) or any(len(g) == 0 for g in self.groups):
@@ -94,3 +98,8 @@ def make_schedule(
     if mode == "uniform":
         return UniformSchedule(num_clients, fraction, seed)
     raise ValueError(f"participation mode must be 'cyclic' or 'uniform', got {mode!r}")
+
+
+def _ids(group: Sequence[object]) -> bool:
+    """Whether every entry of ``group`` is an integer (not a bool, not a float such as 1.5)."""
+    return all(isinstance(c, int | np.integer) and not isinstance(c, bool) for c in group)

@@ -158,7 +158,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         raise ConfigError(f"'model.name' must be one of {MODELS}, got {model!r}")
     p = _require(cfg, "participation")
     _check(
-        "participation.fraction",
+        "participation.groups" if p.get("groups") is not None else "participation.fraction",
         make_schedule,
         _require(cfg, "participation.mode"),
         num_clients,
