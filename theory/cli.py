@@ -28,8 +28,8 @@ EXPERIMENTS = (
 GHBM_POINT = {  # flower-theory ghbm-point options: (default, converter, check, message)
     "tau": (1, int, lambda v: v >= 1, "--tau must be an integer >= 1"),
     "momentum": (0.9, float, lambda v: 0.0 <= v <= 1.0, "--momentum must lie in [0, 1]"),
-    "server_lr": (1.0, float, lambda v: v >= 0.0, "--server-lr must be a number >= 0"),
-    "client_lr": (0.1, float, lambda v: v >= 0.0, "--client-lr must be a number >= 0"),
+    "server_lr": (1.0, float, lambda v: 0.0 <= v < math.inf, "--server-lr must be a finite number >= 0"),
+    "client_lr": (0.1, float, lambda v: 0.0 <= v < math.inf, "--client-lr must be a finite number >= 0"),
     "J": (1, int, lambda v: v >= 1, "--J must be an integer >= 1"),
     "G": (10.0, float, math.isfinite, "--G must be a finite number"),
     "theta0": (0.0, float, math.isfinite, "--theta0 must be a finite number"),
@@ -53,8 +53,8 @@ def _non_negative_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0.0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    if not 0.0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 

@@ -44,6 +44,8 @@ def test_surrogate_point_mode_prints_json(tmp_path, capsys):
         (["table9"], "invalid choice"),
         (["table1", "--T", "-5"], "positive integer"),
         (["surrogate", "--gamma", "abc"], "expected a number"),
+        (["surrogate", "--gamma", "inf"], "expected a finite number >= 0, got 'inf'"),  # printed NaN minimizers
+        (["ghbm-point", "--server-lr", "inf"], "--server-lr must be a finite number >= 0, got 'inf'"),
         (["surrogate", "--example", "x"], "invalid choice"),
         (["surrogate", "--gamma", "3", "--K", "2"], "smaller --gamma"),
         (["table1", "--out", "/proc/x"], "--out /proc/x: cannot create it"),
