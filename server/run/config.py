@@ -53,6 +53,8 @@ class RunConfig:
     def from_dict(cls, cfg: Mapping[str, Any], check_paths: bool = True) -> RunConfig:
         """Validate ``cfg`` (a plain dict, changed in place: absolute paths, resolved defaults) and wrap it.
         ``check_paths=False``: see :func:`~server.run.validation.validate`."""
+        if not isinstance(cfg, Mapping):  # a script's mistake: one line, as any invalid configuration
+            raise ConfigError(f"a run's configuration is a mapping of keys to values, got {type(cfg).__name__}")
         values = validate(cfg if isinstance(cfg, dict) else dict(cfg), check_paths)
         return cls(
             values=values,

@@ -224,3 +224,10 @@ def test_a_run_dir_that_cannot_be_created_or_written_is_a_config_error(tmp_path)
     (tmp_path / "file").write_text("")
     with pytest.raises(config_lib.ConfigError, match="'run_dir' .*/file/run: cannot create it"):
         config_lib.make_run_dir(tmp_path / "file" / "run")
+
+
+@pytest.mark.parametrize("cfg", [None, "config.yaml", [("num_rounds", 1)]])
+def test_a_configuration_that_is_no_mapping_is_a_config_error(cfg):
+    """The Python API (``simulate(cfg)``) takes a mapping: anything else is one line (was a TypeError/ValueError)."""
+    with pytest.raises(config_lib.ConfigError, match=r"^a run's configuration is a mapping of keys to values, got "):
+        config_lib.RunConfig.of(cfg)
