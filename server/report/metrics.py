@@ -244,7 +244,13 @@ def plot_gap(rows: list[dict[str, Any]], path: Path) -> Path | None:
     return path
 
 
-def _group_label(run_dir: Path, keys: Sequence[str]) -> str:
+_MISSING = object()  # a --group-by key a run's config does not have
+GROUP_BY = ("strategy.name", "strategy.momentum", "model.name")  # flower-plot's curves by default
+
+
+def _group_label(run_dir: Path, keys: Sequence[str], found: set[str] | None = None) -> str:
+    """``k1=v1, k2=v2`` of the run's config.json (its folder's name without one); ``found`` collects the keys the
+    config has."""
     cfg_path = run_dir / "config.json"
     if not cfg_path.exists():
         return run_dir.name
@@ -256,21 +262,34 @@ def _group_label(run_dir: Path, keys: Sequence[str]) -> str:
     for dotted in keys:
         node: Any = cfg
         for part in dotted.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        parts.append(f"{dotted}={node}")
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING and found is not None:
+            found.add(dotted)
+        parts.append(f"{dotted}={None if node is _MISSING else node}")
     return ", ".join(parts)
 
 
 def aggregate_runs(
-    run_dirs: Sequence[Path | str], group_by: Sequence[str], metric: str = "accuracy"
+    run_dirs: Sequence[Path | str],
+    group_by: Sequence[str],
+    metric: str = "accuracy",
+    required: Sequence[str] | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """Per group: rounds where every run of the group has ``metric``, its mean and std, number of runs."""
+    """Per group: rounds where every run of the group has ``metric``, its mean and std, number of runs. A key of
+    ``required`` that no run's config.json has is a ValueError (a mistyped --group-by would average every run into
+    one curve)."""
     groups: dict[str, list[dict[int, float]]] = defaultdict(list)
+    found: set[str] = set()
+    configured = False  # some run has a config.json
     for run_dir in map(Path, run_dirs):
         rows = read_metrics(run_dir)
         x, y = _series(rows, metric)
+        configured = configured or (run_dir / "config.json").exists()
         if len(x):
-            groups[_group_label(run_dir, group_by)].append(dict(zip(x.tolist(), y.tolist())))
+            groups[_group_label(run_dir, group_by, found)].append(dict(zip(x.tolist(), y.tolist())))
+    unknown = [k for k in required or () if k not in found]
+    if configured and groups and unknown:
+        raise ValueError(f"--group-by: no run's config.json has the key {unknown[0]!r}")
     out = {}
     for label, runs in groups.items():
         rounds = sorted(set.intersection(*(set(r) for r in runs)))
@@ -310,14 +329,16 @@ def plot_runs(
     title: str = "",
     metric: str = "accuracy",
     log: bool = False,
+    required: Sequence[str] | None = None,
 ) -> Path:
-    """Mean +/- std of ``metric`` (test accuracy: paper 1 Figure 1) vs round, one curve per group; ``log``: log y."""
+    """Mean +/- std of ``metric`` (test accuracy: paper 1 Figure 1) vs round, one curve per group; ``log``: log y;
+    ``required``: keys of ``group_by`` some run must have (see :func:`aggregate_runs`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = aggregate_runs(run_dirs, group_by, metric)
+    curves = aggregate_runs(run_dirs, group_by, metric, required)
     if not curves:
         raise ValueError(f"no run directory with {metric} rows in metrics.jsonl was given")
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -352,8 +373,9 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--group-by",
         nargs="+",
-        default=["strategy.name", "strategy.momentum", "model.name"],
-        help="config keys that name a curve; runs differing only in other keys (seed) are averaged",
+        default=None,
+        help="config keys that name a curve; runs differing only in other keys (seed) are averaged (default: "
+        f"{' '.join(GROUP_BY)}; a key given here that no run has is an error)",
     )
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
@@ -370,7 +392,7 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"{path} is not a directory")
         runs += [path] if (path / "metrics.jsonl").exists() else sorted(p.parent for p in path.glob("*/metrics.jsonl"))
     try:
-        out = plot_runs(runs, out_path, args.group_by, args.title, args.metric, args.log)
+        out = plot_runs(runs, out_path, args.group_by or GROUP_BY, args.title, args.metric, args.log, args.group_by)
     except ValueError as err:
         parser.error(str(err))
     print(f"wrote {out} and {out.with_suffix('.json')} from {len(runs)} runs")

@@ -74,3 +74,20 @@ def test_each_metrics_row_is_on_disk_when_appended_and_a_resume_keeps_the_rows_u
         resumed.append({"round": 3, "train_loss": 0.5})
     assert [(r["round"], r["train_loss"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 0.5), (3, 0.5)]
     assert (tmp_path / "metrics.csv").read_text().count("\n") == 4
+
+
+def test_a_group_by_key_no_run_has_is_one_line_exit_2(tmp_path, capsys):
+    """A mistyped --group-by key put every run into one curve (their configs have no such key); the default keys
+    need not all exist (LocalUpdate's configs have no strategy.momentum)."""
+    for seed in (0, 1):
+        write_run(tmp_path / f"r{seed}", "a", seed, [1.0, 0.5])
+    runs = [str(tmp_path / "r0"), str(tmp_path / "r1")]
+    with pytest.raises(SystemExit) as err:
+        plot_main([*runs, "--metric", "client_lr", "--group-by", "strategy.nmae", "--out", str(tmp_path / "x.png")])
+    assert err.value.code == 2
+    assert "--group-by: no run's config.json has the key 'strategy.nmae'" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+    plot_main([*runs, "--metric", "client_lr", "--out", str(tmp_path / "y.png")])  # defaults: strategy.momentum absent
+    assert list(json.loads((tmp_path / "y.json").read_text())) == [
+        "strategy.name=a, strategy.momentum=None, model.name=None"
+    ]
