@@ -74,6 +74,7 @@ def test_a_second_run_of_a_held_run_dir_is_one_line_and_writes_nothing(tiny_data
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]  # no status.json, no metrics: nothing written
 
 
+@pytest.mark.e2e
 def test_the_round_loop_holds_the_lock_itself(tiny_data, tmp_path):
     """Past the command's check (two runs started at once), the round loop's own lock refuses the second run before
     it writes anything; in a stacked group that job fails alone and the other runs."""
@@ -106,6 +107,7 @@ def test_a_run_dir_with_an_earlier_run_s_metrics_is_not_fresh(tmp_path):
         check_fresh(tmp_path)
 
 
+@pytest.mark.e2e
 def test_a_fresh_run_over_earlier_results_needs_overwrite_and_then_keeps_nothing_of_them(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
     simulate(composed(run_dir, tiny_data, "model=logreg", "num_rounds=3", "checkpoint_every=1"))
