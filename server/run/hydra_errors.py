@@ -1,6 +1,7 @@
 """Hydra's own errors of composing a command's config as one line and exit status 2, as every other invalid
 configuration: an override of a key the config does not have, a config group option that does not exist, an
-override that does not parse. ``HYDRA_FULL_ERROR=1`` keeps Hydra's own report (with its stack trace)."""
+override that does not parse; and an output folder Hydra cannot create or write. ``HYDRA_FULL_ERROR=1`` keeps
+Hydra's own report (with its stack trace)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import contextlib
 import os
 import re
 import sys
+import sysconfig
 from collections.abc import Iterator
+from types import TracebackType
 
+import hydra
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
@@ -38,10 +42,27 @@ def describe(err: BaseException) -> str:
     return " ".join(lines)
 
 
+def _raised_by_hydra(err: BaseException) -> bool:
+    """Whether the innermost frame of ``err`` outside the standard library is Hydra's own (creating the output
+    folder, its ``.hydra/`` files and job log before the command's task runs)."""
+    stdlib, package = sysconfig.get_paths()["stdlib"], os.path.dirname(hydra.__file__)
+    frames = [tb.tb_frame.f_code.co_filename for tb in _tracebacks(err)]
+    own = [f for f in frames if not f.startswith(stdlib)]
+    return bool(own) and own[-1].startswith(package + os.sep)
+
+
+def _tracebacks(err: BaseException) -> Iterator[TracebackType]:
+    tb = err.__traceback__
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
 @contextlib.contextmanager
 def composition_errors(prog: str) -> Iterator[None]:
     """Run a ``hydra.main`` function: a composition error is one line ``<prog>: invalid configuration: ...`` on
-    stderr and exit 2; any other error keeps its stack trace."""
+    stderr and exit 2, and so is an output folder Hydra cannot write (``hydra.run.dir``); any other error keeps its
+    stack trace."""
     if os.environ.get(FULL_ERROR) == "1":
         yield
         return
@@ -50,6 +71,13 @@ def composition_errors(prog: str) -> Iterator[None]:
         yield
     except COMPOSE_ERRORS as err:
         print(f"{prog}: invalid configuration: {describe(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as err:
+        if not _raised_by_hydra(err):  # the command's own work: its stack trace
+            raise
+        why = err.strerror or type(err).__name__
+        print(f"{prog}: cannot write Hydra's output folder: {err.filename} ({why}); set hydra.run.dir (hydra.sweep.dir "
+              "with -m) to a folder this user can write", file=sys.stderr)  # fmt: skip
         raise SystemExit(2) from None
     finally:
         os.environ.pop(FULL_ERROR, None)

@@ -80,3 +80,23 @@ def test_a_sweep_value_that_does_not_compose_is_one_line_before_any_job_runs(tin
     expected = "flower-simulation: invalid configuration: Could not find 'model/nope'"
     assert len(lines) == 1 and lines[0].startswith(expected), proc.stderr
     assert not list(sweep.glob("*/metrics.csv"))  # the first job did not run
+
+
+@pytest.mark.parametrize("where", [["hydra.run.dir=/proc/x"], ["hydra.sweep.dir=/proc/x", "seed=0,1"]])
+def test_an_output_folder_hydra_cannot_create_is_one_line(tiny_data, tmp_path, where):
+    """Hydra creates the run's (or the sweep's) folder before the command's task runs: that it cannot was Hydra's
+    stack trace."""
+    multirun = ["-m"] if "seed=0,1" in where else []
+    args = [*multirun, *sim_args(tiny_data, tmp_path / "unused")[:-1], "engine=batched", "model=logreg", *where]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    proc = subprocess.run([str(BIN / "flower-simulation"), *args], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "flower-simulation: cannot write Hydra's output folder: /proc/x (No such file or directory); set "
+        "hydra.run.dir (hydra.sweep.dir with -m) to a folder this user can write"
+    ]
+
+
+def test_an_os_error_of_the_command_s_own_work_keeps_its_stack_trace(tmp_path):
+    with pytest.raises(FileNotFoundError), composition_errors("prog"):
+        (tmp_path / "absent" / "file").read_text()  # the task's own I/O, not Hydra's output folder
