@@ -160,7 +160,10 @@ def load_run(path: Path) -> Run:
 
 
 def load_runs(sweep_dirs: Sequence[Path]) -> list[Run]:
-    runs = [load_run(p) for d in sweep_dirs for p in job_dirs(Path(d))]
+    """Every job directory below ``sweep_dirs``, each once however many of them name it (a sweep given twice, or with
+    one of its own jobs, would count its runs twice: seeds, n and CIs wrong)."""
+    paths = {p.resolve(): p for d in sweep_dirs for p in job_dirs(Path(d))}
+    runs = [load_run(p) for p in paths.values()]
     if not runs:
         raise ReportError(f"no Hydra job directories (.hydra/overrides.yaml) under {', '.join(map(str, sweep_dirs))}")
     fill_defaults(runs)

@@ -395,3 +395,13 @@ def test_bad_amplitude_input_exits_2_with_one_line(tmp_path, args, mode, tail, m
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "out" / "report.md").exists()
+
+
+def test_a_run_named_twice_counts_once(sweep):
+    """A sweep given twice, or with one of its own job directories, is each run once: twice, a seed would count twice
+    in n and in the CIs."""
+    from server.report.runs import load_runs
+
+    once = sorted(r.path.resolve() for r in load_runs([sweep]))
+    again = load_runs([sweep, sweep, sweep / "a_s0", sweep / ".." / "sweep"])
+    assert sorted(r.path.resolve() for r in again) == once and len(once) == 9
