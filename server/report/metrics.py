@@ -391,6 +391,7 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
         if not path.is_dir():
             parser.error(f"{path} is not a directory")
         runs += [path] if (path / "metrics.jsonl").exists() else sorted(p.parent for p in path.glob("*/metrics.jsonl"))
+    runs = list({run.resolve(): run for run in runs}.values())  # each run once, however many arguments name it
     try:
         out = plot_runs(runs, out_path, args.group_by or GROUP_BY, args.title, args.metric, args.log, args.group_by)
     except ValueError as err:

@@ -91,3 +91,13 @@ def test_a_group_by_key_no_run_has_is_one_line_exit_2(tmp_path, capsys):
     assert list(json.loads((tmp_path / "y.json").read_text())) == [
         "strategy.name=a, strategy.momentum=None, model.name=None"
     ]
+
+
+def test_a_run_named_twice_counts_once(tmp_path):
+    for seed, lrs in ((0, [1.0, 0.5]), (1, [1.0, 0.1])):
+        write_run(tmp_path / f"r{seed}", "a", seed, lrs)
+    out = tmp_path / "x.png"
+    plot_main([str(tmp_path), str(tmp_path / "r0"), "--metric", "client_lr", "--group-by", "strategy.name",
+               "--out", str(out)])  # fmt: skip
+    curve = json.loads(out.with_suffix(".json").read_text())["strategy.name=a"]
+    assert curve["runs"] == 2 and curve["mean"] == [1.0, 0.3]
