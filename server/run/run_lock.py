@@ -50,7 +50,7 @@ def run_dir_lock(run_dir: Path | str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = (handle.read(200).strip().splitlines() or ["another process"])[0]  # what the holder wrote
             raise RunDirInUse(
                 f"'run_dir': {Path(run_dir).resolve()} is in use by another run ({holder}); wait for it to end or "
                 "choose another run_dir"

@@ -235,3 +235,13 @@ def test_eval_gap_config_errors_exit_2_before_any_work(tiny_data, tmp_path, extr
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert not (run_dir / "metrics.csv").exists()
+
+
+def test_flower_optimum_s_config_names_no_run_directory(tiny_data, tmp_path, monkeypatch):
+    """flower-optimum (and the study driver's override check) compose a config to solve f*, not to run: a working
+    folder that holds a run's metrics is no reason to refuse it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"round": 3}\n')
+    cfg = compose(overrides(tiny_data))
+    assert cfg["run_dir"] is None
+    config_lib.validate(cfg)
