@@ -141,14 +141,14 @@ class Run:
         )
 
     def resume(self) -> int:
-        """Write config.json, build the dataset, strategy and evaluator, load the checkpoint with ``resume=true``
-        (else write the partition summary and evaluate round 0); returns the last completed round (0: fresh)."""
+        """Build the dataset, strategy and evaluator, load the checkpoint with ``resume=true`` (else write the
+        partition summary and evaluate round 0), write config.json; returns the last completed round (0: fresh)."""
         cfg, run_dir = self.cfg, self.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
         dataset = server_dataset(cfg)
         self.strategy = strategy_factory.build_strategy(cfg, num_train=train_size(dataset))
         start = checkpoint.resume(cfg, run_dir, self.strategy, self.window)
+        (run_dir / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))  # once the run is this one
         self.arrays = self.strategy.model_record() if start else strategy_factory.initial_model(cfg)
         if not cfg.get("resume"):  # a fresh run (overwrite=true): nothing of an earlier run may outlive its start
             checkpoint.discard(run_dir)

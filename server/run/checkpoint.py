@@ -17,6 +17,7 @@ import torch
 from flwr.common.logger import log
 
 from server.run.errors import ConfigError, first_line
+from server.run.run_lock import RunDirRefused
 from server.run.window import ModelWindow, split_arrays
 
 CHECKPOINT = "checkpoint"
@@ -95,20 +96,109 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
-RESUME_KEYS = ("strategy", "model", "num_clients", "participation", "seed")
+# what makes a run's trajectory: a resumed run must have the checkpoint's values (its other keys, e.g. num_rounds,
+# the evaluation schedule, the engine or where the data lies, may change)
+RESUME_KEYS = (
+    "strategy",
+    "model",
+    "num_clients",
+    "seed",
+    "participation.mode",
+    "participation.fraction",
+    "participation.groups",
+    "client.batch_size",
+    "client.local_steps",
+    "client.local_epochs",
+    "client.weight_decay",
+    "client.augment",
+    "data.name",
+    "data.alpha",
+)
 # strategy keys added after runs were checkpointed, with the value those runs had (a checkpoint without them resumes)
 LATER_STRATEGY_KEYS = {"client_lr_schedule": "constant", "client_schedule_param": 1.0}
+_ABSENT = object()
+
+
+class ResumeRefused(RunDirRefused):
+    """The checkpoint is of another run (or of one past this run's end): nothing of the run directory is written."""
 
 
 def resume_mismatch(saved: dict[str, Any], cfg: dict[str, Any]) -> str | None:
-    """The first key of RESUME_KEYS whose value differs between a checkpoint's config and this run's (None: none)."""
+    """The first key of RESUME_KEYS whose value differs between a checkpoint's config and this run's (None: none).
+    A dotted key that a checkpoint's config does not hold (written before the key was compared) is not compared."""
     for key in RESUME_KEYS:
-        old, new = saved.get(key), cfg.get(key)
+        old, new = _value(saved, key), _value(cfg, key)
+        if "." in key and old is _ABSENT:
+            continue
         if key == "strategy" and isinstance(old, dict) and isinstance(new, dict):
             old, new = {**LATER_STRATEGY_KEYS, **old}, {**LATER_STRATEGY_KEYS, **new}
-        if old != new:
+        if (None if old is _ABSENT else old) != (None if new is _ABSENT else new):
             return key
     return None
+
+
+def _value(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(cfg, dict) or part not in cfg:
+            return _ABSENT
+        cfg = cfg[part]
+    return cfg
+
+
+def check_resumable(cfg: dict[str, Any], run_dir: Path) -> None:
+    """Before any work of a ``resume=true`` run: :class:`ResumeRefused` when ``run_dir``'s checkpoint is of a run
+    whose RESUME_KEYS differ or that is past ``num_rounds``, a :class:`ConfigError` when its state cannot be read
+    (nothing to check when there is no checkpoint)."""
+    path = run_dir / CHECKPOINT / "state.json"
+    if not path.exists():
+        path = run_dir / f".{CHECKPOINT}.old" / "state.json"  # a crash between the two renames of save()
+        if not path.exists():
+            return
+    try:
+        state = json.loads(path.read_text())
+        refusal(state, cfg)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise _unreadable(run_dir, err) from None
+
+
+def refusal(state: dict[str, Any], cfg: dict[str, Any]) -> None:
+    """:class:`ResumeRefused` when the checkpoint ``state`` does not continue into the run ``cfg``."""
+    last = state["round"]
+    if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+        raise ValueError(f"round {last!r}")
+    differs = resume_mismatch(state["config"], cfg)
+    if differs:
+        old, new = _value(state["config"], differs), _value(cfg, differs)
+        if isinstance(old, dict) and isinstance(new, dict):  # name the entry (strategy.client_lr, model.name)
+            if differs == "strategy":
+                old, new = {**LATER_STRATEGY_KEYS, **old}, {**LATER_STRATEGY_KEYS, **new}
+            entry = next(
+                k
+                for k in sorted({*old, *new}, key=lambda k: (k != "name", k))
+                if old.get(k, _ABSENT) != new.get(k, _ABSENT)
+            )
+            differs, old, new = f"{differs}.{entry}", old.get(entry, _ABSENT), new.get(entry, _ABSENT)
+        raise ResumeRefused(
+            f"cannot resume: '{differs}' differs from the checkpoint's run ({_shown(old)} there, {_shown(new)} here)"
+        )
+    if last > int(cfg["num_rounds"]):
+        raise ResumeRefused(
+            f"cannot resume: the checkpoint is after round {last}, past num_rounds={cfg['num_rounds']} "
+            f"(give num_rounds >= {last} to continue it)"
+        )
+
+
+def _shown(value: Any) -> str:
+    return "unset" if value is _ABSENT else repr(value)
+
+
+def _unreadable(run_dir: Path, err: BaseException) -> ConfigError:
+    return ConfigError(
+        f"cannot resume: the checkpoint in {run_dir / CHECKPOINT} cannot be read ({type(err).__name__}: "
+        f"{first_line(err)}); move it away to start afresh"
+    )
 
 
 def resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWindow) -> int:
@@ -121,10 +211,7 @@ def resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWindo
     except ConfigError:
         raise
     except (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError, BadZipFile) as err:
-        raise ConfigError(
-            f"cannot resume: the checkpoint in {run_dir / CHECKPOINT} cannot be read ({type(err).__name__}: "
-            f"{first_line(err)}); move it away to start afresh"
-        ) from None
+        raise _unreadable(run_dir, err) from None
 
 
 def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWindow) -> int:
@@ -133,12 +220,7 @@ def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWind
         log(WARNING, "resume=true but %s has no checkpoint: starting from round 1", run_dir)
         return 0
     state, arrays = loaded
-    last = state["round"]
-    if isinstance(last, bool) or not isinstance(last, int) or last < 0:
-        raise ValueError(f"round {last!r}")
-    differs = resume_mismatch(state["config"], cfg)
-    if differs:
-        raise ConfigError(f"cannot resume: '{differs}' differs from the checkpoint's run")
+    refusal(state, cfg)
     strategy_arrays, window_arrays = split_arrays(arrays)
     strategy.load_state_dict(state["strategy"], strategy_arrays)
     window.load(state.get("window", []), window_arrays)

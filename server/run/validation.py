@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from client.partition import parse_alpha
@@ -189,6 +190,10 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         _validate_data(cfg, check_paths)
     _validate_backend(cfg.get("backend", {}))
     _validate_engine(cfg)
+    if check_paths and cfg["resume"] and cfg.get("run_dir"):
+        from server.run.checkpoint import check_resumable  # imports torch: only for a resumed run
+
+        check_resumable(cfg, Path(cfg["run_dir"]))  # a checkpoint of another run: refused before any work
     return cfg
 
 

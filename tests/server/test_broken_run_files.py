@@ -54,6 +54,75 @@ def test_a_checkpoint_that_cannot_be_read_is_one_line_and_nothing_is_lost(finish
     assert (run_dir / "metrics.jsonl").read_text() == before  # refused before the metrics were touched
 
 
+def _files(run_dir):
+    """Every file of a run directory with its bytes, but Hydra's own (``.hydra/``, its job log) and the lock."""
+    return {
+        p.relative_to(run_dir): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and ".hydra" not in p.parts and p.name not in ("cli.log", ".lock")
+    }
+
+
+REFUSED = {  # a resume=true whose run is not the checkpoint's: the one line it gets
+    "strategy.client_lr=0.1": "'strategy.client_lr' differs from the checkpoint's run (0.05 there, 0.1 here)",
+    "strategy=fedcm": "'strategy.name' differs from the checkpoint's run ('fedavgm' there, 'fedcm' here)",
+    "client.local_steps=3": "'client.local_steps' differs from the checkpoint's run (2 there, 3 here)",
+    "client.augment=false": "'client.augment' differs from the checkpoint's run (True there, False here)",
+    "data.alpha=0": "'data.alpha' differs from the checkpoint's run (1.0 there, 0 here)",
+    "participation=uniform": "'participation.mode' differs from the checkpoint's run ('cyclic' there, 'uniform' here)",
+    "num_rounds=2": "the checkpoint is after round 3, past num_rounds=2 (give num_rounds >= 3 to continue it)",
+}
+
+
+@pytest.mark.parametrize("override", list(REFUSED))
+def test_a_resume_of_another_run_s_checkpoint_is_one_line_and_changes_no_file(finished, tiny_data, tmp_path, override):
+    """config.json was rewritten with the refused run's config (a report then grouped the results under it), and a
+    run past its num_rounds "finished" again with status.json saying so: now refused before any work."""
+    source, extra = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    before = _files(run_dir)
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *extra, "resume=true", override))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"flower-simulation: invalid configuration: cannot resume: {REFUSED[override]}"
+    ]
+    assert "Batched engine" not in proc.stdout + proc.stderr  # before any work
+    assert _files(run_dir) == before
+
+
+def test_a_resume_may_change_what_does_not_make_the_trajectory(finished, tiny_data, tmp_path):
+    """More rounds, another evaluation schedule, the first round's wait and the engine's workers: it resumes."""
+    source, extra = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    changes = ["num_rounds=4", "eval_every=2", "participation.wait_timeout=5", "engine.workers=2", "resume=true"]
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *extra, *changes))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Resuming" in (run_dir / "run.log").read_text()
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4]
+    assert json.loads((run_dir / "config.json").read_text())["participation"]["wait_timeout"] == 5
+
+
+def test_a_multirun_job_refused_by_its_checkpoint_fails_alone_and_leaves_its_files(tiny_data, tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *sim_args(tiny_data, tmp_path / "unused")[:-1], *IN_PROCESS, "model=logreg", "num_rounds=2"]
+    first = run_cli("flower-simulation", [*args, "strategy.client_lr=0.05", f"hydra.sweep.dir={sweep}"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    [earlier] = [p for p in sweep.iterdir() if p.is_dir()]
+    before = _files(earlier)
+    again = run_cli(
+        "flower-simulation", [*args, "strategy.client_lr=0.1,0.2", "resume=true", f"hydra.sweep.dir={sweep}"]
+    )
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert f"{earlier}: invalid configuration: cannot resume: 'strategy.client_lr' differs" in again.stderr
+    assert _files(earlier) == before  # its status.json still says finished
+    assert sorted(json.loads((p / "status.json").read_text())["status"] for p in sweep.iterdir() if p.is_dir()) == [
+        "finished",
+        "finished",
+    ]
+
+
 def test_a_row_cut_short_by_a_kill_is_left_out_of_the_resumed_run(finished, tiny_data, tmp_path):
     source, extra = finished
     run_dir = tmp_path / "run"

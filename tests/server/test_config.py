@@ -201,6 +201,17 @@ def test_a_checkpoint_from_before_the_client_schedule_resumes_and_a_changed_one_
     assert resume_mismatch(before, scheduled) == "strategy"
     assert resume_mismatch(before, {**now, "strategy": {**now["strategy"], "client_lr": 0.2}}) == "strategy"
     assert resume_mismatch(now, {**now, "seed": 1}) == "seed"
+    # local training and the data's split are compared too; a checkpoint from before they were is not refused
+    trained = {**now, "client": {"local_steps": 2, "batch_size": 8}, "data": {"name": "cifar10", "alpha": 1.0}}
+    assert resume_mismatch(now, trained) is None
+    assert resume_mismatch(trained, {**trained, "client": {"local_steps": 3, "batch_size": 8}}) == "client.local_steps"
+    assert resume_mismatch(trained, {**trained, "data": {"name": "cifar10", "alpha": 0.1}}) == "data.alpha"
+    moved = {
+        **trained,
+        "data": {**trained["data"], "root": "/elsewhere"},
+        "participation": {"mode": "cyclic", "wait_timeout": 5},
+    }
+    assert resume_mismatch(trained, moved) is None  # where the data lies, how long round 1 waits
 
 
 def test_the_folder_dataset_needs_a_root(monkeypatch):
