@@ -17,7 +17,7 @@ import torch
 from flwr.common.logger import log
 
 from server.run.errors import ConfigError, first_line
-from server.run.run_lock import RunDirRefused
+from server.run.run_lock import RunDirRefused, earlier_results
 from server.run.window import ModelWindow, split_arrays
 
 CHECKPOINT = "checkpoint"
@@ -147,12 +147,13 @@ def _value(cfg: Any, dotted: str) -> Any:
 
 def check_resumable(cfg: dict[str, Any], run_dir: Path) -> None:
     """Before any work of a ``resume=true`` run: :class:`ResumeRefused` when ``run_dir``'s checkpoint is of a run
-    whose RESUME_KEYS differ or that is past ``num_rounds``, a :class:`ConfigError` when its state cannot be read
-    (nothing to check when there is no checkpoint)."""
+    whose RESUME_KEYS differ or that is past ``num_rounds``, a :class:`ConfigError` when its state cannot be read;
+    without a checkpoint, :func:`_check_uncheckpointed`."""
     path = run_dir / CHECKPOINT / "state.json"
     if not path.exists():
         path = run_dir / f".{CHECKPOINT}.old" / "state.json"  # a crash between the two renames of save()
         if not path.exists():
+            _check_uncheckpointed(cfg, run_dir)
             return
     try:
         state = json.loads(path.read_text())
@@ -168,21 +169,9 @@ def refusal(state: dict[str, Any], cfg: dict[str, Any]) -> None:
     last = state["round"]
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise ValueError(f"round {last!r}")
-    differs = resume_mismatch(state["config"], cfg)
+    differs = difference(state["config"], cfg)
     if differs:
-        old, new = _value(state["config"], differs), _value(cfg, differs)
-        if isinstance(old, dict) and isinstance(new, dict):  # name the entry (strategy.client_lr, model.name)
-            if differs == "strategy":
-                old, new = {**LATER_STRATEGY_KEYS, **old}, {**LATER_STRATEGY_KEYS, **new}
-            entry = next(
-                k
-                for k in sorted({*old, *new}, key=lambda k: (k != "name", k))
-                if old.get(k, _ABSENT) != new.get(k, _ABSENT)
-            )
-            differs, old, new = f"{differs}.{entry}", old.get(entry, _ABSENT), new.get(entry, _ABSENT)
-        raise ResumeRefused(
-            f"cannot resume: '{differs}' differs from the checkpoint's run ({_shown(old)} there, {_shown(new)} here)"
-        )
+        raise ResumeRefused(f"cannot resume: '{differs[0]}' differs from the checkpoint's run ({differs[1]})")
     if last > int(cfg["num_rounds"]):
         raise ResumeRefused(
             f"cannot resume: the checkpoint is after round {last}, past num_rounds={cfg['num_rounds']} "
@@ -190,8 +179,47 @@ def refusal(state: dict[str, Any], cfg: dict[str, Any]) -> None:
         )
 
 
+def difference(saved: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str] | None:
+    """The first RESUME_KEYS entry in which ``cfg`` differs from ``saved`` (a dict-valued key: its differing entry,
+    its name first) and both values: ("strategy.client_lr", "0.05 there, 0.1 here"); None when none does."""
+    differs = resume_mismatch(saved, cfg)
+    if not differs:
+        return None
+    old, new = _value(saved, differs), _value(cfg, differs)
+    if isinstance(old, dict) and isinstance(new, dict):  # name the entry (strategy.client_lr, model.name)
+        if differs == "strategy":
+            old, new = {**LATER_STRATEGY_KEYS, **old}, {**LATER_STRATEGY_KEYS, **new}
+        keys = sorted({*old, *new}, key=lambda k: (k != "name", k))
+        entry = next(k for k in keys if old.get(k, _ABSENT) != new.get(k, _ABSENT))
+        differs, old, new = f"{differs}.{entry}", old.get(entry, _ABSENT), new.get(entry, _ABSENT)
+    return differs, f"{_shown(old)} there, {_shown(new)} here"
+
+
+def _check_uncheckpointed(cfg: dict[str, Any], run_dir: Path) -> None:
+    """A run directory with an earlier run's metrics but no checkpoint (killed before its first one) restarts from
+    round 1 and rewrites them: :class:`ResumeRefused` unless its ``config.json`` is of this run (then the rows are
+    computed again, the same)."""
+    earlier = earlier_results(run_dir)
+    if not earlier:
+        return  # nothing to lose
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+        if not isinstance(saved, dict):
+            raise ValueError("not a mapping")
+        differs = difference(saved, cfg)
+        what = differs and f"'{differs[0]}' differs from its config.json ({differs[1]})"
+    except (OSError, ValueError) as err:
+        what = f"its config.json cannot be read ({type(err).__name__}: {first_line(err)})"
+    if what:
+        raise ResumeRefused(
+            f"cannot resume: {run_dir} has no checkpoint but an earlier run's results ({earlier}), and {what}; "
+            "resume=false overwrite=true replaces them, or choose another run_dir"
+        )
+
+
 def _shown(value: Any) -> str:
-    return "unset" if value is _ABSENT else repr(value)
+    text = "unset" if value is _ABSENT else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _unreadable(run_dir: Path, err: BaseException) -> ConfigError:

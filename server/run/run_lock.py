@@ -79,20 +79,27 @@ def check_free(run_dir: Path | str) -> None:
 def check_fresh(run_dir: Path | str) -> None:
     """:class:`RunDirHoldsResults` when ``run_dir`` holds an earlier run's metrics (a fresh run rewrites them): the
     check of ``resume=false`` without ``overwrite=true``."""
+    upto = earlier_results(run_dir)
+    if upto:
+        raise RunDirHoldsResults(
+            f"'run_dir': {Path(run_dir).resolve()} holds an earlier run's results ({upto}); resume=true continues "
+            "it, overwrite=true replaces it, or choose another run_dir"
+        )
+
+
+def earlier_results(run_dir: Path | str) -> str | None:
+    """What earlier metrics ``run_dir`` holds ("metrics up to round N"; None: none); :class:`RunDirHoldsResults`
+    when they cannot be read."""
     metrics = Path(run_dir) / "metrics.jsonl"
     try:
         lines = [line for line in metrics.read_text().splitlines() if line.strip()]
     except (FileNotFoundError, NotADirectoryError):
-        return
+        return None
     except OSError as err:
         raise RunDirHoldsResults(f"'run_dir': {metrics} cannot be read ({err.strerror})") from None
     if not lines:
-        return
+        return None
     try:
-        upto = f"metrics up to round {int(json.loads(lines[-1])['round'])}"
+        return f"metrics up to round {int(json.loads(lines[-1])['round'])}"
     except (ValueError, KeyError, TypeError):
-        upto = f"{len(lines)} metrics rows"
-    raise RunDirHoldsResults(
-        f"'run_dir': {Path(run_dir).resolve()} holds an earlier run's results ({upto}); resume=true continues it, "
-        "overwrite=true replaces it, or choose another run_dir"
-    )
+        return f"{len(lines)} metrics rows"

@@ -104,6 +104,57 @@ def test_a_resume_may_change_what_does_not_make_the_trajectory(finished, tiny_da
     assert json.loads((run_dir / "config.json").read_text())["participation"]["wait_timeout"] == 5
 
 
+UNCHECKPOINTED = {  # no checkpoint (killed before its first), an earlier run's metrics: what a resume=true gets
+    "client_lr differs": (
+        lambda run: None,
+        ["strategy.client_lr=0.1"],
+        "'strategy.client_lr' differs from its config.json (0.05 there, 0.1 here)",
+    ),
+    "config.json broken": (
+        lambda run: (run / "config.json").write_text("{cut"),
+        [],
+        "its config.json cannot be read (JSONDecodeError: ",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(UNCHECKPOINTED))
+def test_a_resume_without_a_checkpoint_keeps_another_run_s_metrics(finished, tiny_data, tmp_path, case):
+    """It started from round 1 and rewrote the metrics of whatever run the directory held; now only when its
+    config.json is this run's (the rows are computed again, the same)."""
+    source, extra = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    shutil.rmtree(run_dir / "checkpoint")
+    breaking, overrides, reason = UNCHECKPOINTED[case]
+    breaking(run_dir)
+    before = _files(run_dir)
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *extra, "resume=true", *overrides))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(
+        f"flower-simulation: invalid configuration: cannot resume: {run_dir} has no checkpoint but an earlier run's "
+        f"results (metrics up to round 3), and {reason}"
+    ), line
+    assert line.endswith("resume=false overwrite=true replaces them, or choose another run_dir")
+    assert _files(run_dir) == before
+
+
+def test_a_resume_without_a_checkpoint_of_the_same_run_computes_its_rows_again(finished, tiny_data, tmp_path):
+    source, extra = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    shutil.rmtree(run_dir / "checkpoint")
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *extra, "resume=true"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "has no checkpoint: starting from round 1" in (run_dir / "run.log").read_text()
+    untimed = [
+        [{k: v for k, v in r.items() if k not in ("seconds", "elapsed")} for r in read_metrics(d)]
+        for d in (run_dir, source)
+    ]
+    assert untimed[0] == untimed[1]
+
+
 def test_a_multirun_job_refused_by_its_checkpoint_fails_alone_and_leaves_its_files(tiny_data, tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", *sim_args(tiny_data, tmp_path / "unused")[:-1], *IN_PROCESS, "model=logreg", "num_rounds=2"]
