@@ -117,6 +117,11 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         raise ConfigError(f"'resume' must be true or false, got {cfg['resume']!r}")
     if not isinstance(cfg.setdefault("overwrite", False), bool):
         raise ConfigError(f"'overwrite' must be true or false, got {cfg['overwrite']!r}")
+    if cfg["resume"] and cfg["overwrite"]:
+        raise ConfigError(
+            "'resume' and 'overwrite' are both true: resume=true continues the run in run_dir, overwrite=true "
+            "replaces it; choose one"
+        )
     if check_paths and not (cfg["resume"] or cfg["overwrite"]) and cfg.get("run_dir"):
         run_lock.check_fresh(cfg["run_dir"])  # a fresh run would erase an earlier run's results
     if "round_timeout" in cfg and not _number(cfg["round_timeout"], "round_timeout") > 0:

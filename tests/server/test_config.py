@@ -104,6 +104,7 @@ def test_every_method_preset_validates(method, tiny_data):
         (["client.local_steps=abc"], "client.local_steps"),
         (["resume=maybe"], "resume"),
         (["overwrite=maybe"], "overwrite"),
+        (["resume=true", "overwrite=true"], "'resume' and 'overwrite'"),  # resume won, overwrite was silently ignored
         (["progress_every=nan"], "progress_every"),
         (["num_clients=4", "participation.groups=abc"], "participation.groups"),
         (["num_clients=4", "participation.groups=[[0,1.5],[2,3]]"], "participation.groups"),  # was taken as [0, 1]
