@@ -109,7 +109,8 @@ def _fmt(value: Any) -> Any:
 
 
 class BrokenMetrics(ValueError):
-    """A line of metrics.jsonl that is no metrics row (a JSON object with an integer ``round``)."""
+    """A line of metrics.jsonl that is no metrics row (a JSON object with an integer ``round`` past the previous
+    row's, every other value a number or null)."""
 
 
 def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
@@ -123,10 +124,12 @@ def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
 
 
 def parse_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """(the metrics rows of a metrics.jsonl, the numbers of its lines that are none); ([], []) when absent."""
+    """(the metrics rows of a metrics.jsonl, the numbers of its lines that are none); ([], []) when absent. A row
+    whose round is not past the previous row's (a second row of a round) is none: a report would count it twice."""
     if not path.exists():
         return [], []
-    rows, broken = [], []
+    rows: list[dict[str, Any]] = []
+    broken: list[int] = []
     for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
@@ -134,11 +137,24 @@ def parse_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
             row = json.loads(line)
         except ValueError:
             row = None
-        if isinstance(row, dict) and isinstance(row.get("round"), int) and not isinstance(row["round"], bool):
+        if _is_row(row) and (not rows or row["round"] > rows[-1]["round"]):
             rows.append(row)
         else:
             broken.append(number)
     return rows, broken
+
+
+def _is_row(row: Any) -> bool:
+    return (
+        isinstance(row, dict)
+        and _is_number(row.get("round"), int)
+        and row["round"] >= 0
+        and all(value is None or _is_number(value, int | float) for value in row.values())
+    )
+
+
+def _is_number(value: Any, kind: Any) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:

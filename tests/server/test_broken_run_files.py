@@ -190,28 +190,40 @@ def test_a_row_cut_short_by_a_kill_is_left_out_of_the_resumed_run(finished, tiny
 
 def test_the_writer_warns_of_each_broken_line_it_leaves_out(tmp_path, caplog):
     lines = ['{"round": 0, "accuracy": 0.1}', "[1]", '{"round": true}', '{"round": 1, "accuracy": 0.2}', "{cut"]
+    lines += ['{"round": 1, "accuracy": 0.3}', '{"round": 2, "loss": "low"}', '{"round": 2, "loss": [1]}']
+    lines += ['{"round": -3}', '{"round": 2, "loss": NaN, "accuracy": null, "num_replies": 2}']
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    with caplog.at_level(logging.WARNING, logger="flwr"), MetricsWriter(tmp_path, keep_rounds_upto=1) as writer:
-        assert [r["round"] for r in writer.rows] == [0, 1]
-    assert "3 line(s) that are no metrics row left out (line 2 first)" in caplog.text
-    assert [r["round"] for r in read_metrics(tmp_path)] == [0, 1]  # rewritten without them
+    with caplog.at_level(logging.WARNING, logger="flwr"), MetricsWriter(tmp_path, keep_rounds_upto=2) as writer:
+        assert [r["round"] for r in writer.rows] == [0, 1, 2]
+    assert "7 line(s) that are no metrics row left out (line 2 first)" in caplog.text
+    assert [r["round"] for r in read_metrics(tmp_path)] == [0, 1, 2]  # rewritten without them
 
 
 def test_a_report_lists_a_run_with_a_broken_file_as_incomplete_and_goes_on(finished, tmp_path):
     source, _ = finished
     sweep = tmp_path / "sweep"
     broken_files = (("good", None), ("cut", "metrics.jsonl"), ("status", "status.json"), ("cfg", "config.json"))
-    for name, broken in (*broken_files, ("over", ".hydra/overrides.yaml")):
+    for name, broken in (*broken_files, ("over", ".hydra/overrides.yaml"), ("word", None), ("twice", None)):
         shutil.copytree(source, sweep / name)
         (sweep / name / ".hydra").mkdir(exist_ok=True)
         (sweep / name / ".hydra" / "overrides.yaml").write_text(f"- seed={len(name)}\n")
         if broken:
             with open(sweep / name / broken, "a") as f:
                 f.write("{cut")
+    lines = (sweep / "word" / "metrics.jsonl").read_text().splitlines()
+    lines[2] = json.dumps({**json.loads(lines[2]), "loss": "low"})  # was a stack trace of the report
+    (sweep / "word" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with open(sweep / "twice" / "metrics.jsonl", "a") as f:  # a round's second row: its mean counted it twice
+        f.write((sweep / "twice" / "metrics.jsonl").read_text().splitlines()[-1] + "\n")
     proc = report(sweep)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = (sweep / "report.md").read_text()
-    for name, broken in (("cut", "metrics.jsonl: line 5 is no metrics row"), ("status", "status.json is no JSON")):
+    for name, broken in (
+        ("cut", "metrics.jsonl: line 5 is no metrics row"),
+        ("status", "status.json is no JSON"),
+        ("word", "metrics.jsonl: line 3 is no metrics row"),
+        ("twice", "metrics.jsonl: line 5 is no metrics row"),
+    ):
         assert f"`{sweep / name}`: incomplete" in text and broken in text, text
     assert "config.json is no JSON object" in text and "overrides.yaml is no YAML list of overrides" in text
     assert f"`{sweep / 'good'}`" not in text.split("Runs left out")[1]
