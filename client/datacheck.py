@@ -40,6 +40,9 @@ CIFAR10_IMAGES_PER_FILE = 10_000
 DOWNLOAD_TIMEOUT = 60.0  # seconds without an answer from the download server
 
 
+FOLDER_CLASSES = 10  # an ImageFolder source is CIFAR-10's: the cnn, resnet20 and logreg models have 10 outputs
+
+
 class DataSourceError(ValueError):
     """A dataset source that cannot be loaded; the message names the path and the reason."""
 
@@ -73,7 +76,13 @@ def check_source(
         entry = cache_entry(name, root, cache_dir)  # an archive's key hashes its bytes: the first full read
     except OSError as err:
         raise DataSourceError(f"cannot read {root}: {err.strerror or err}") from None
-    return _check_folder_source(str(root), str(entry))
+    summary = _check_folder_source(str(root), str(entry))
+    if summary.num_classes != FOLDER_CLASSES:
+        raise DataSourceError(
+            f"{root} holds {summary.num_classes} classes; CIFAR-10's models have {FOLDER_CLASSES} outputs: give "
+            f"train/ and test/ one folder per class, {FOLDER_CLASSES} in all"
+        )
+    return summary
 
 
 def download_cifar10(root: str | os.PathLike, timeout: float = DOWNLOAD_TIMEOUT) -> None:
@@ -146,6 +155,9 @@ def _check_folder_source(root: str, entry: str) -> SourceSummary:
             counts[key[0]][key[1]] = counts[key[0]].get(key[1], 0) + 1
     if not counts["train"] or not counts["test"]:
         raise DataSourceError(f"{path} has no train/<class>/<image> and test/<class>/<image> files")
+    untrained = sorted(set(counts["test"]) - set(counts["train"]))
+    if untrained:  # a class no client trains on: a misnamed folder, most likely
+        raise DataSourceError(f"{path}: test/{untrained[0]} is no class of train/ ({len(untrained)} such class(es))")
     return SourceSummary(
         sum(counts["train"].values()),
         sum(counts["test"].values()),

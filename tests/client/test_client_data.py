@@ -210,3 +210,23 @@ def test_a_broken_cache_entry_is_decoded_again(tarball: Path, tmp_path: Path, ca
     assert warning.startswith(f"cache entry {good.cache_path} cannot be read (") and why in warning, warning
     load_dataset("cifar10_folder", tarball, tmp_path)
     assert DECODE_STATS["decoded"] == before + 1  # whole again: read, not decoded
+
+
+def test_a_folder_source_needs_cifar10_s_ten_classes_in_train_and_no_other_in_test(tmp_path: Path) -> None:
+    """A test class that train/ lacks (a misnamed folder) or a class count other than the models' 10 outputs made
+    the first round a stack trace (model arrays of 11 or 9 rows against 10); now one line before any work."""
+    from client.datacheck import DataSourceError, check_source
+    from tools.datagen import make_image_folder
+
+    root = make_image_folder(tmp_path / "src", per_class=1, test_per_class=1)
+    assert check_source("cifar10_folder", root, tmp_path / "cache").num_classes == 10
+    (root / "test" / "cat").rename(root / "test" / "kitten")
+    with pytest.raises(DataSourceError, match=r"src: test/kitten is no class of train/ \(1 such class\(es\)\)"):
+        check_source("cifar10_folder", root, tmp_path / "cache")
+    (root / "test" / "kitten").rename(root / "test" / "cat")
+    for split in ("train", "test"):
+        for image in (root / split / "dog").iterdir():
+            image.unlink()
+        (root / split / "dog").rmdir()
+    with pytest.raises(DataSourceError, match=r"src holds 9 classes; CIFAR-10's models have 10 outputs"):
+        check_source("cifar10_folder", root, tmp_path / "cache")

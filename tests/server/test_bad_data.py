@@ -58,9 +58,16 @@ def _no_splits(tmp_path, data):
     return tmp_path / "flat"
 
 
+def _renamed_class(tmp_path, data):
+    shutil.copytree(data["folder"], tmp_path / "renamed")
+    (tmp_path / "renamed" / "test" / "cat").rename(tmp_path / "renamed" / "test" / "kitten")
+    return tmp_path / "renamed"
+
+
 @pytest.mark.parametrize(
     "make_root, words",
     [
+        (_renamed_class, "test/kitten is no class of train/"),  # was a stack trace in the first round
         (_unreadable, "cannot read"),
         (_truncated, "truncated or corrupt"),
         (_not_tar, "neither a folder nor a tar archive"),
