@@ -36,6 +36,7 @@ from server.run import config as config_lib
 from server.run import console, hydra_errors, procs
 from server.run import help as cli_help
 from server.run.errors import first_line
+from server.run.hydra_config import save_job_record
 from server.run.transport import RUN_CONFIG_KEY
 from strategies.participation import CyclicSchedule, make_schedule
 
@@ -180,10 +181,12 @@ def deploy(
     on_line: Callable[[str], None] = print,
     on_start: Callable[[Federation], None] | None = None,
     node_config: dict[int, dict[str, str]] | None = None,
+    on_valid: Callable[[], None] | None = None,
 ) -> RunResult:
     """Validate ``cfg``, start the federation, submit the run (resuming after a SuperLink crash), stop everything.
 
-    ``on_start`` is called with the running federation before the first submission (tests use it);
+    ``on_valid`` is called once ``cfg`` is valid, before any process starts (the command writes the job's Hydra
+    record then); ``on_start`` is called with the running federation before the first submission (tests use it);
     ``node_config`` adds ``key="value"`` pairs to the ``--node-config`` of the spawned SuperNode of a partition
     from its first start on (kept for restarts; the ClientApp reads them from its context).
     """
@@ -191,6 +194,8 @@ def deploy(
     cfg = config_lib.validate(cfg, check_paths=not remote)  # a remote ServerApp checks data.root on its host
     d = validate_deploy(cfg)
     check_node_config(node_config, int(d.get("spawn_supernodes", 0) or 0))
+    if on_valid is not None:
+        on_valid()
     if not remote:  # the ServerApp reads the data here: decoded once now, a bad image one line before any process
         from server.run.data import server_dataset
 
@@ -337,7 +342,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         plain = config_lib.to_plain(cfg)
         plain["run_dir"] = config_lib.make_run_dir(plain["run_dir"])
-        result = deploy(plain, on_line=lambda line: print(line, flush=True))
+        result = deploy(plain, on_line=lambda line: print(line, flush=True), on_valid=lambda: save_job_record(cfg))
     except config_lib.ConfigError as err:
         print(f"flower-deploy: invalid configuration: {err}", file=sys.stderr)
         raise SystemExit(2) from None

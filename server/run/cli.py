@@ -28,6 +28,7 @@ from server.run import config as config_lib
 from server.run import console, hydra_errors
 from server.run import help as cli_help
 from server.run.config import CONF_DIR, RunConfig
+from server.run.hydra_config import save_job_record
 from server.run.stop import exit_on_signals
 
 cli_help.register()  # the resolvers of the --help template, before Hydra composes
@@ -76,16 +77,18 @@ def prepare_job(cfg: DictConfig) -> RunConfig | None:
     try:
         plain = prepare(cfg)
         run_dir = plain["run_dir"]
-        return RunConfig.from_dict(plain)
+        run_cfg = RunConfig.from_dict(plain)
     except config_lib.ConfigError as err:
-        invalid_job(run_dir, err)
+        invalid_job(run_dir, err, cfg)
         return None
+    save_job_record(cfg)
+    return run_cfg
 
 
-def invalid_job(run_dir: str | None, err: config_lib.ConfigError) -> None:
-    """A multirun job that is invalid: the reason in its run dir's status.json and one line on stderr; the other
-    jobs still run and the command exits 2 after the last (``run_dir`` None: the config did not resolve, so the
-    job's own directory, ``run_dir``'s default)."""
+def invalid_job(run_dir: str | None, err: config_lib.ConfigError, task_cfg: DictConfig) -> None:
+    """A multirun job that is invalid: the reason in its run dir's status.json (and its Hydra record, so that a
+    report lists it) and one line on stderr; the other jobs still run and the command exits 2 after the last
+    (``run_dir`` None: the config did not resolve, so the job's own directory, ``run_dir``'s default)."""
     from hydra.core.hydra_config import HydraConfig
 
     from server.run.app import write_status, written_round
@@ -93,8 +96,9 @@ def invalid_job(run_dir: str | None, err: config_lib.ConfigError) -> None:
 
     run_dir = run_dir or str(Path(HydraConfig.get().runtime.output_dir).resolve())
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    if not isinstance(err, RunDirRefused):  # another run's status.json is that run's
+    if not isinstance(err, RunDirRefused):  # another run's status.json and Hydra record are that run's
         write_status(Path(run_dir), "failed", written_round(Path(run_dir)), f"invalid configuration: {err}")
+        save_job_record(task_cfg)
     print(f"flower-simulation: {run_dir}: invalid configuration: {err}", file=sys.stderr)
     INVALID_JOBS.append(run_dir)
 
@@ -107,11 +111,13 @@ def _hydra_main(cfg: DictConfig) -> None:
         plain = prepare(cfg)
         stopped = f"results so far are in {plain['run_dir']} (resume=true continues from the last checkpoint)"
         with exit_on_signals(stopped):
-            summary = simulate(plain)
+            run_cfg = RunConfig.from_dict(plain)  # the one validation of the run
+            save_job_record(cfg)
+            summary = simulate(run_cfg)
     except config_lib.ConfigError as err:
         logging.getLogger("flower-simulation").error("invalid configuration: %s", err)
         if _is_multirun():  # the sweep goes on; exit 2 after the last job
-            invalid_job(plain.get("run_dir"), err)
+            invalid_job(plain.get("run_dir"), err, cfg)
             return
         print(f"flower-simulation: invalid configuration: {err}", file=sys.stderr)
         raise SystemExit(2) from None

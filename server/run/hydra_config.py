@@ -26,3 +26,24 @@ def to_plain(cfg: Any) -> dict[str, Any]:
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
         raise ConfigError(f"{key}: {first_line(err)}" if key else first_line(err)) from None
+
+
+JOB_RECORD = ".hydra"  # where a job's Hydra record lies in its output folder (Hydra's default output_subdir)
+
+
+def save_job_record(task_cfg: Any) -> None:
+    """A job's Hydra record in its output folder: ``.hydra/config.yaml`` (``task_cfg``, the config the job was given),
+    ``hydra.yaml`` and ``overrides.yaml``, the files Hydra's ``run_job`` writes when ``hydra.output_subdir`` is set.
+
+    ``conf/config.yaml`` sets it to null and the commands call this once the job's directory is known to be its own:
+    Hydra wrote them before any check, so a job refused as another run's (in use, holding results, another run's
+    checkpoint) replaced that run's record, and ``flower-report`` labelled its results with the refused overrides."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    hydra_cfg = HydraConfig.instance().cfg  # {"hydra": ...}, set by Hydra for the job being run
+    folder = Path(str(hydra_cfg.hydra.runtime.output_dir)) / JOB_RECORD
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = {"config.yaml": task_cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}
+    for name, part in parts.items():
+        (folder / name).write_text(OmegaConf.to_yaml(part), encoding="utf-8")

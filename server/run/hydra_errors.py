@@ -44,7 +44,7 @@ def describe(err: BaseException) -> str:
 
 def _raised_by_hydra(err: BaseException) -> bool:
     """Whether the innermost frame of ``err`` outside the standard library is Hydra's own (creating the output
-    folder, its ``.hydra/`` files and job log before the command's task runs)."""
+    folder and its job log before the command's task runs)."""
     stdlib, package = sysconfig.get_paths()["stdlib"], os.path.dirname(hydra.__file__)
     frames = [tb.tb_frame.f_code.co_filename for tb in _tracebacks(err)]
     own = [f for f in frames if not f.startswith(stdlib)]

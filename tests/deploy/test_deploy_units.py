@@ -71,6 +71,21 @@ def test_an_app_dir_that_is_no_flower_app_is_one_line_before_any_process(tmp_pat
     assert not (run_dir / "deploy" / "logs").exists()
 
 
+def test_a_run_dir_of_another_run_keeps_its_hydra_record_and_is_one_line(tmp_path, deploy_data):
+    """Hydra wrote the job's .hydra/ before any check: a refused deployment replaced the earlier run's record."""
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    record = {"metrics.jsonl": '{"round": 0, "loss": 2.3}\n', ".hydra/overrides.yaml": "- seed=7\n"}
+    for name, text in record.items():
+        (run_dir / name).write_text(text)
+    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir), timeout=60)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]  # stderr comes with stdout here
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout
+    assert lines[0].startswith(f"flower-deploy: invalid configuration: 'run_dir': {run_dir} holds an earlier run's")
+    assert {name: (run_dir / name).read_text() for name in record} == record
+    assert sorted(p.name for p in (run_dir / ".hydra").iterdir()) == ["overrides.yaml"]
+
+
 def test_hydras_own_errors_are_one_line_before_any_process(tmp_path, deploy_data):
     run_dir = tmp_path / "run"
     proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, "model=nope"), timeout=60)

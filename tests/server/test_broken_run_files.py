@@ -55,11 +55,12 @@ def test_a_checkpoint_that_cannot_be_read_is_one_line_and_nothing_is_lost(finish
 
 
 def _files(run_dir):
-    """Every file of a run directory with its bytes, but Hydra's own (``.hydra/``, its job log) and the lock."""
+    """Every file of a run directory with its bytes (its Hydra record ``.hydra/`` too: a report reads the overrides
+    there), but Hydra's job log and the lock."""
     return {
         p.relative_to(run_dir): p.read_bytes()
         for p in sorted(run_dir.rglob("*"))
-        if p.is_file() and ".hydra" not in p.parts and p.name not in ("cli.log", ".lock")
+        if p.is_file() and p.name not in ("cli.log", ".lock")
     }
 
 

@@ -123,19 +123,25 @@ def test_a_fresh_run_over_earlier_results_needs_overwrite_and_then_keeps_nothing
     assert not (run_dir / "final_model.npz").exists()  # a later resume=true cannot continue the earlier run
 
 
+RECORD = ("status.json", "metrics.jsonl", ".hydra/overrides.yaml", ".hydra/config.yaml", ".hydra/hydra.yaml")
+
+
 @pytest.mark.e2e
-def test_a_multirun_job_over_earlier_results_fails_alone_and_leaves_them(tiny_data, tmp_path):
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=stacked"]], ids=["basic", "stacked"])
+def test_a_multirun_job_over_earlier_results_fails_alone_and_leaves_them(tiny_data, tmp_path, launcher):
     sweep = tmp_path / "sweep"
-    args = ["-m", *sim_args(tiny_data, tmp_path / "unused")[:-1], *IN_PROCESS, "model=logreg", "plots=false"]
+    args = ["-m", *launcher, *sim_args(tiny_data, tmp_path / "unused")[:-1], *IN_PROCESS, "model=logreg"]
     first = run_cli("flower-simulation", [*args, "seed=0", f"hydra.sweep.dir={sweep}"])
     assert first.returncode == 0, first.stderr[-2000:]
     [earlier] = [p for p in sweep.iterdir() if p.is_dir()]
-    status, rows = (earlier / "status.json").read_text(), (earlier / "metrics.jsonl").read_text()
-    again = run_cli("flower-simulation", [*args, "seed=0,1", f"hydra.sweep.dir={sweep}"])
+    kept = {name: (earlier / name).read_text() for name in RECORD}
+    lrs = "strategy.client_lr=0.2,abc"  # jobs 0_seed0 (refused), 1_seed0 (invalid), 2_seed1, 3_seed1 (invalid)
+    again = run_cli("flower-simulation", [*args, "seed=0,1", lrs, f"hydra.sweep.dir={sweep}"])
     assert again.returncode == 2, again.stderr[-2000:]
     assert f"{earlier}: invalid configuration: 'run_dir': {earlier} holds an earlier run's results" in again.stderr
-    assert (earlier / "status.json").read_text() == status and (earlier / "metrics.jsonl").read_text() == rows
-    assert sorted(json.loads((p / "status.json").read_text())["status"] for p in sweep.iterdir() if p.is_dir()) == [
-        "finished",
-        "finished",
-    ]
+    # its Hydra record too: a report labelled the earlier results with the refused job's client_lr
+    assert {name: (earlier / name).read_text() for name in RECORD} == kept
+    status = {p.name: json.loads((p / "status.json").read_text())["status"] for p in sweep.iterdir() if p.is_dir()}
+    assert status == {"0_seed0": "finished", "1_seed0": "failed", "2_seed1": "finished", "3_seed1": "failed"}
+    for job in ("1_seed0", "2_seed1", "3_seed1"):  # an invalid job's record is written: a report lists it
+        assert "- strategy.client_lr=" in (sweep / job / ".hydra" / "overrides.yaml").read_text()
