@@ -217,6 +217,28 @@ def _check_uncheckpointed(cfg: dict[str, Any], run_dir: Path) -> None:
         )
 
 
+def check_shapes(arrays: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
+    """ValueError unless the checkpoint's model holds the configured model's tensors and every state array of one
+    (``<part>/<tensor>``: model, previous model, GHBM history, server moments, model window) has its shape: a
+    checkpoint changed or copied from elsewhere was a stack trace in the round after the resume."""
+    from server.run.strategy_factory import initial_model
+
+    with torch.random.fork_rng():  # the checkpoint's RNG states are restored already: keep them
+        shapes = {k: tuple(a.shape) for k, a in initial_model(cfg).items()}
+    held = {name.split("/", 1)[1] for name in arrays if name.startswith("model/")}
+    missing, extra = sorted(set(shapes) - held), sorted(held - set(shapes))
+    if missing or extra:
+        raise ValueError(
+            f"the configured model's {missing[0]} is not in it"
+            if missing
+            else f"its model/{extra[0]} is no tensor of the configured model"
+        )
+    for name, array in arrays.items():
+        key = name.rsplit("/", 1)[-1]
+        if key in shapes and tuple(array.shape) != shapes[key]:
+            raise ValueError(f"{name} has shape {tuple(array.shape)}, the model's {key} {shapes[key]}")
+
+
 def _shown(value: Any) -> str:
     text = "unset" if value is _ABSENT else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -249,6 +271,7 @@ def _resume(cfg: dict[str, Any], run_dir: Path, strategy: Any, window: ModelWind
         return 0
     state, arrays = loaded
     refusal(state, cfg)
+    check_shapes(arrays, cfg)
     strategy_arrays, window_arrays = split_arrays(arrays)
     strategy.load_state_dict(state["strategy"], strategy_arrays)
     window.load(state.get("window", []), window_arrays)
