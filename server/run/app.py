@@ -28,11 +28,11 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from server.report.metrics import MetricsWriter, plot_run
+from server.report.metrics import MetricsWriter, parse_metrics, plot_run
 from server.run import checkpoint, console, strategy_factory
 from server.run.config import RunConfig
 from server.run.data import server_dataset, train_size
-from server.run.errors import ConfigError
+from server.run.errors import STORAGE_ERRNOS, ConfigError, RunStorageError
 from server.run.evaluator import Evaluator
 from server.run.messages import train_record
 from server.run.partitions import save_partition_summary
@@ -74,7 +74,27 @@ def run_experiment(
 
 
 def _run_logged(run: Run, grid: Grid, thread_log: bool) -> dict[str, Any]:
-    """:meth:`Run.run` with its run.log (this thread's records only, with ``thread_log``) and console routing."""
+    """:meth:`Run.run` with its run.log (this thread's records only, with ``thread_log``) and console routing; a
+    :class:`RunStorageError` when the run's files cannot be written (status.json says so where it still can)."""
+    try:
+        return _run_routed(run, grid, thread_log)
+    except OSError as err:
+        if err.errno not in STORAGE_ERRNOS:
+            raise
+        rows = parse_metrics(run.run_dir / "metrics.jsonl")[0]
+        last = rows[-1]["round"] if rows else 0
+        saved = checkpoint.saved_round(run.run_dir)
+        kept = f"its checkpoint after round {saved}" if saved is not None else "no checkpoint yet"
+        message = (
+            f"cannot write the run's files in {run.run_dir} ({err.strerror}); its metrics up to round {last} and "
+            f"{kept} are kept: make room, then resume=true continues"
+        )
+        with contextlib.suppress(OSError):
+            write_status(run.run_dir, "failed", last, message)
+        raise RunStorageError(message) from None
+
+
+def _run_routed(run: Run, grid: Grid, thread_log: bool) -> dict[str, Any]:
     handler = logging.FileHandler(run.run_dir / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     handler.addFilter(console.RunLogFilter())  # every line but the console's short round lines

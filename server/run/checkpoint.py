@@ -37,6 +37,28 @@ def save(
     tmp = run_dir / f".{CHECKPOINT}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        _write(tmp, server_round, strategy_meta, arrays, config, window)
+    except OSError:  # e.g. a full disk: the last complete checkpoint stays, this one's parts go (room freed)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = run_dir / f".{CHECKPOINT}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(
+    tmp: Path,
+    server_round: int,
+    strategy_meta: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+    config: dict[str, Any],
+    window: list[int] | None,
+) -> None:
     np.savez(tmp / "arrays.npz", **arrays)
     state = {
         "round": server_round,
@@ -50,19 +72,23 @@ def save(
         },
     }
     (tmp / "state.json").write_text(json.dumps(state))
-    old = run_dir / f".{CHECKPOINT}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def discard(run_dir: Path) -> None:
     """Remove an earlier run's checkpoint (a fresh start: a later ``resume=true`` must not continue that run)."""
     for name in (CHECKPOINT, f".{CHECKPOINT}.tmp", f".{CHECKPOINT}.old"):
         shutil.rmtree(run_dir / name, ignore_errors=True)
+
+
+def saved_round(run_dir: Path) -> int | None:
+    """The round of the run's checkpoint (None: none, or one that cannot be read)."""
+    for folder in (CHECKPOINT, f".{CHECKPOINT}.old"):
+        try:
+            last = json.loads((run_dir / folder / "state.json").read_text())["round"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return last if isinstance(last, int) else None
+    return None
 
 
 def load(run_dir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:

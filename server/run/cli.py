@@ -9,7 +9,7 @@
 round's clients together in this process (:mod:`server.batched.engine`). Both run the same ServerApp round loop
 (:func:`server.run.app.run_experiment`); SIGINT/SIGTERM end the run in any phase (:mod:`server.run.stop`).
 Exit codes: 2 invalid configuration or data (Hydra's own errors too: :mod:`server.run.hydra_errors`), 3 diverged,
-1 no node answered, 130/143 a signal. ``--help`` prints ``conf/hydra/help/flower_simulation.yaml``
+1 no node answered or the run's files cannot be written, 130/143 a signal. ``--help`` prints ``conf/hydra/help/flower_simulation.yaml``
 (:mod:`server.run.help`); what the console and the logs show: :mod:`server.run.console`.
 """
 
@@ -123,10 +123,11 @@ def _hydra_main(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
     except Exception as err:
         from server.run.app import DivergenceError
+        from server.run.errors import RunStorageError
         from strategies.client_manager import NoNodesError
 
-        if isinstance(err, (DivergenceError, NoNodesError)):
-            failed = isinstance(err, NoNodesError)
+        if isinstance(err, (DivergenceError, NoNodesError, RunStorageError)):
+            failed = not isinstance(err, DivergenceError)
             if _is_multirun():  # the sweep goes on (status.json says why); exit 3 or 1 after the last job
                 record_outcome(plain["run_dir"], "failed" if failed else "diverged", str(err))
                 return

@@ -1,11 +1,23 @@
-"""The error of an invalid configuration (exit status 2 with a one-line message naming the key)."""
+"""The error of an invalid configuration (exit status 2 with a one-line message naming the key), and of a run
+whose files cannot be written (exit status 1)."""
 
+import errno
 import os
 from pathlib import Path
 
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key."""
+
+
+class RunStorageError(RuntimeError):
+    """The run's files cannot be written (a full disk, a quota, a read-only file system): the run stops, what it
+    wrote is kept and ``resume=true`` continues from its last checkpoint once there is room."""
+
+
+# the errors of storage that is full or cannot be written (not of a missing or unreadable file): no space, a quota, a
+# read-only file system, a file past the size the file system or the process allows
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 
 def first_line(err: BaseException, limit: int = 200) -> str:

@@ -38,6 +38,7 @@ from server.run.app import DivergenceError, run_experiment, write_status, writte
 from server.run.config import RunConfig
 from server.run.console import TO_CONSOLE
 from server.run.data import prepare_data
+from server.run.errors import RunStorageError
 from server.run.evaluator import Evaluator
 from server.run.run_lock import RunDirRefused
 from server.stacked.grid import JobGrid
@@ -181,7 +182,7 @@ class _Job(threading.Thread):
             return Outcome(run_dir, "finished", summary=summary)
         except DivergenceError as err:
             return Outcome(run_dir, "diverged", str(err))
-        except NoNodesError as err:
+        except (NoNodesError, RunStorageError) as err:
             return Outcome(run_dir, "failed", str(err))
         except config_lib.ConfigError as err:
             if not isinstance(err, ClientDoesNotFit | RunDirRefused):  # a round wrote status.json / another run's
@@ -282,7 +283,7 @@ def run_lone(run_cfg: RunConfig) -> Outcome:
         return Outcome(cfg["run_dir"], "finished", summary=simulate(run_cfg))
     except DivergenceError as err:
         return Outcome(cfg["run_dir"], "diverged", str(err))
-    except NoNodesError as err:
+    except (NoNodesError, RunStorageError) as err:
         return Outcome(cfg["run_dir"], "failed", str(err))
     except config_lib.ConfigError as err:  # raised by a round (e.g. a client that does not fit): status.json says it
         return Outcome(cfg["run_dir"], "invalid", f"{cfg['run_dir']}: invalid configuration: {err}")

@@ -4,11 +4,14 @@ warning; a report lists a run with a broken file as incomplete, naming the file,
 
 import json
 import logging
+import resource
 import shutil
+import signal
+import subprocess
 
 import numpy as np
 import pytest
-from simcli import IN_PROCESS, report, run_cli, sim_args
+from simcli import BIN, IN_PROCESS, report, run_cli, sim_args
 
 from server.report.metrics import BrokenMetrics, MetricsWriter, read_metrics
 
@@ -250,3 +253,36 @@ def test_flower_plot_names_a_broken_file(finished, tmp_path):
     assert proc.returncode == 2 and f"{run_dir / 'config.json'} is no JSON object" in proc.stderr, proc.stderr
     proc = run_cli("flower-plot", [source, "--out", "/proc/x/a.png"])
     assert proc.returncode == 2 and "--out's folder /proc/x: cannot create it" in proc.stderr, proc.stderr
+
+
+def _file_size_limit():
+    """In the child: files past 100 kB cannot be written (EFBIG, as a full disk gives ENOSPC), for a real OS error
+    without filling a disk; a logistic regression's checkpoint (~250 kB) is past it, its metrics rows are not."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+
+@pytest.mark.parametrize("launcher", [[], ["-m", "hydra/launcher=stacked", "seed=0"]], ids=["lone", "stacked"])
+def test_a_run_whose_files_cannot_be_written_stops_in_one_line_and_resumes(finished, tiny_data, tmp_path, launcher):
+    """It was a stack trace with status.json left at running and the checkpoint's partial files left behind."""
+    source, extra = finished  # its data cache is built: the limited run reads it
+    run_dir = tmp_path / "run"
+    where = [f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweep.subdir=job"] if launcher else []
+    if launcher:
+        run_dir = tmp_path / "sweep" / "job"
+    args = [*launcher, *sim_args(tiny_data, run_dir, *extra), *where]
+    command = [str(BIN / "flower-simulation"), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, preexec_fn=_file_size_limit)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    reason = (
+        f"cannot write the run's files in {run_dir} (File too large); its metrics up to round 1 and no checkpoint "
+        "yet are kept: make room, then resume=true continues"
+    )
+    assert [line for line in proc.stderr.splitlines() if line.startswith("flower-simulation:")][0].endswith(reason)
+    assert "Traceback" not in proc.stderr
+    assert json.loads((run_dir / "status.json").read_text()) == {"status": "failed", "round": 1, "reason": reason}
+    assert not (run_dir / ".checkpoint.tmp").exists()  # the partial checkpoint's room is freed
+    resumed = run_cli("flower-simulation", [*args, "resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    with np.load(run_dir / "final_model.npz") as a, np.load(source / "final_model.npz") as b:
+        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)  # the uninterrupted run's
