@@ -37,29 +37,6 @@ def save(
     tmp = run_dir / f".{CHECKPOINT}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    try:
-        _write(tmp, server_round, strategy_meta, arrays, config, window)
-    except OSError:  # e.g. a full disk: the last complete checkpoint stays, this one's parts go (room freed)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = run_dir / f".{CHECKPOINT}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def _write(
-    tmp: Path,
-    server_round: int,
-    strategy_meta: dict[str, Any],
-    arrays: dict[str, np.ndarray],
-    config: dict[str, Any],
-    window: list[int] | None,
-) -> None:
-    np.savez(tmp / "arrays.npz", **arrays)
     state = {
         "round": server_round,
         "strategy": strategy_meta,
@@ -71,7 +48,19 @@ def _write(
             "torch": torch.get_rng_state().tolist(),
         },
     }
-    (tmp / "state.json").write_text(json.dumps(state))
+    try:
+        np.savez(tmp / "arrays.npz", **arrays)
+        (tmp / "state.json").write_text(json.dumps(state))
+    except OSError:  # e.g. a full disk: the last complete checkpoint stays, this one's parts go (room freed)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = run_dir / f".{CHECKPOINT}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def discard(run_dir: Path) -> None:

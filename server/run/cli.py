@@ -9,8 +9,9 @@
 round's clients together in this process (:mod:`server.batched.engine`). Both run the same ServerApp round loop
 (:func:`server.run.app.run_experiment`); SIGINT/SIGTERM end the run in any phase (:mod:`server.run.stop`).
 Exit codes: 2 invalid configuration or data (Hydra's own errors too: :mod:`server.run.hydra_errors`), 3 diverged,
-1 no node answered or the run's files cannot be written, 130/143 a signal. ``--help`` prints ``conf/hydra/help/flower_simulation.yaml``
-(:mod:`server.run.help`); what the console and the logs show: :mod:`server.run.console`.
+1 no node answered or the run's files cannot be written, 130/143 a signal. ``--help`` prints
+``conf/hydra/help/flower_simulation.yaml`` (:mod:`server.run.help`); what the console and the logs show:
+:mod:`server.run.console`.
 """
 
 from __future__ import annotations
