@@ -22,6 +22,7 @@ constants (``CIFAR10_MEAN``/``CIFAR10_STD``, kept for reference) because JPEG is
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -172,7 +173,15 @@ def cached_entry(entry: Path, build: Callable[[], None], read: Callable[[], T]) 
                     stale.unlink()  # readers that map a file keep it until they let go
         for stale in entry.glob(".*.tmp"):  # left by a build that was killed (only the lock's holder writes them)
             stale.unlink()
-        build()
+        try:
+            build()
+        except OSError as err:  # e.g. a full disk: the partial files go (they hold its room), the error names them
+            for part in [p for p in entry.iterdir() if p.name != ".lock" and p.is_file()]:
+                part.unlink(missing_ok=True)
+            if err.errno is None:  # numpy's short write ("N requested and M written")
+                short = "a short write: the disk is full, or a quota or a file-size limit was reached"
+                raise OSError(errno.ENOSPC, short, str(entry)) from None
+            raise
     return read()
 
 

@@ -85,10 +85,9 @@ def _run_logged(run: Run, grid: Grid, thread_log: bool) -> dict[str, Any]:
         last = rows[-1]["round"] if rows else 0
         saved = checkpoint.saved_round(run.run_dir)
         kept = f"its checkpoint after round {saved}" if saved is not None else "no checkpoint yet"
-        message = (
-            f"cannot write the run's files in {run.run_dir} ({err.strerror}); its metrics up to round {last} and "
-            f"{kept} are kept: make room, then resume=true continues"
-        )
+        what = err.filename or f"the run's files in {run.run_dir}"  # a cache elsewhere names its file
+        written = f"the run's metrics up to round {last} and {kept} are kept" if rows else "nothing was written yet"
+        message = f"cannot write {what} ({err.strerror}); {written}: make room, then resume=true continues"
         with contextlib.suppress(OSError):
             write_status(run.run_dir, "failed", last, message)
         raise RunStorageError(message) from None

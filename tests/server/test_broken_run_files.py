@@ -275,8 +275,8 @@ def test_a_run_whose_files_cannot_be_written_stops_in_one_line_and_resumes(finis
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, preexec_fn=_file_size_limit)
     assert proc.returncode == 1, proc.stderr[-2000:]
     reason = (
-        f"cannot write the run's files in {run_dir} (File too large); its metrics up to round 1 and no checkpoint "
-        "yet are kept: make room, then resume=true continues"
+        f"cannot write the run's files in {run_dir} (File too large); the run's metrics up to round 1 and no "
+        "checkpoint yet are kept: make room, then resume=true continues"
     )
     assert [line for line in proc.stderr.splitlines() if line.startswith("flower-simulation:")][0].endswith(reason)
     assert "Traceback" not in proc.stderr
@@ -286,3 +286,19 @@ def test_a_run_whose_files_cannot_be_written_stops_in_one_line_and_resumes(finis
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     with np.load(run_dir / "final_model.npz") as a, np.load(source / "final_model.npz") as b:
         assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)  # the uninterrupted run's
+
+
+def test_a_data_cache_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(tiny_data, tmp_path):
+    """Numpy's short write of a decode-cache array (no errno) was a stack trace, its partial file left in the entry."""
+    cache = tmp_path / "cache"
+    args = sim_args({**tiny_data, "cache": cache}, tmp_path / "run", *IN_PROCESS, "model=logreg")
+    command = [str(BIN / "flower-simulation"), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, preexec_fn=_file_size_limit)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    [entry] = cache.iterdir()
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"flower-simulation: cannot write {entry} (a short write: the disk is full, or a quota or a file-size limit "
+        "was reached); nothing was written yet: make room, then resume=true continues"
+    )
+    assert [p.name for p in entry.iterdir()] == [".lock"]  # the partial arrays' room is freed
+    assert run_cli("flower-simulation", args).returncode == 0  # with room, the same command runs
