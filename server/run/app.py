@@ -28,11 +28,11 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from server.report.metrics import MetricsWriter, parse_metrics, plot_run
+from server.report.metrics import MetricsWriter, plot_run
 from server.run import checkpoint, console, strategy_factory
 from server.run.config import RunConfig
 from server.run.data import server_dataset, train_size
-from server.run.errors import STORAGE_ERRNOS, ConfigError, RunStorageError
+from server.run.errors import STORAGE_ERRNOS, ConfigError
 from server.run.evaluator import Evaluator
 from server.run.messages import train_record
 from server.run.partitions import save_partition_summary
@@ -70,30 +70,19 @@ def run_experiment(
     run = Run(RunConfig.of(cfg), run_dir, evaluator)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     with run_dir_lock(run.run_dir):  # one run per run directory (RunDirInUse before anything is written)
-        return _run_logged(run, grid, thread_log)
+        try:
+            return _run_logged(run, grid, thread_log)
+        except OSError as err:  # a full disk, ...: RunStorageError naming what is kept (in status.json too, if it can)
+            if err.errno not in STORAGE_ERRNOS:
+                raise
+            stopped, last = checkpoint.storage_failure(run.run_dir, err)
+            with contextlib.suppress(OSError):
+                write_status(run.run_dir, "failed", last, str(stopped))
+            raise stopped from None
 
 
 def _run_logged(run: Run, grid: Grid, thread_log: bool) -> dict[str, Any]:
-    """:meth:`Run.run` with its run.log (this thread's records only, with ``thread_log``) and console routing; a
-    :class:`RunStorageError` when the run's files cannot be written (status.json says so where it still can)."""
-    try:
-        return _run_routed(run, grid, thread_log)
-    except OSError as err:
-        if err.errno not in STORAGE_ERRNOS:
-            raise
-        rows = parse_metrics(run.run_dir / "metrics.jsonl")[0]
-        last = rows[-1]["round"] if rows else 0
-        saved = checkpoint.saved_round(run.run_dir)
-        kept = f"its checkpoint after round {saved}" if saved is not None else "no checkpoint yet"
-        what = err.filename or f"the run's files in {run.run_dir}"  # a cache elsewhere names its file
-        written = f"the run's metrics up to round {last} and {kept} are kept" if rows else "nothing was written yet"
-        message = f"cannot write {what} ({err.strerror}); {written}: make room, then resume=true continues"
-        with contextlib.suppress(OSError):
-            write_status(run.run_dir, "failed", last, message)
-        raise RunStorageError(message) from None
-
-
-def _run_routed(run: Run, grid: Grid, thread_log: bool) -> dict[str, Any]:
+    """:meth:`Run.run` with its run.log (this thread's records only, with ``thread_log``) and console routing."""
     handler = logging.FileHandler(run.run_dir / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     handler.addFilter(console.RunLogFilter())  # every line but the console's short round lines
@@ -160,8 +149,8 @@ class Run:
         )
 
     def resume(self) -> int:
-        """Build the dataset, strategy and evaluator, load the checkpoint with ``resume=true`` (else write the
-        partition summary and evaluate round 0), write config.json; returns the last completed round (0: fresh)."""
+        """Build the dataset and strategy, load the checkpoint with ``resume=true``, write config.json, build the
+        evaluator (a fresh run: write the partition summary, evaluate round 0); the last completed round (0: fresh)."""
         cfg, run_dir = self.cfg, self.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         dataset = server_dataset(cfg)

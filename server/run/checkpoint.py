@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from flwr.common.logger import log
 
-from server.run.errors import ConfigError, first_line
+from server.run.errors import ConfigError, RunStorageError, first_line
 from server.run.run_lock import RunDirRefused, earlier_results
 from server.run.window import ModelWindow, split_arrays
 
@@ -78,6 +78,22 @@ def saved_round(run_dir: Path) -> int | None:
             continue
         return last if isinstance(last, int) else None
     return None
+
+
+def storage_failure(run_dir: Path, err: OSError) -> tuple[RunStorageError, int]:
+    """The error of a run stopped because ``err`` (a full disk, ...) kept it from writing, naming what it kept, and
+    the last round its metrics hold (0: none)."""
+    from server.report.metrics import parse_metrics
+
+    rows = parse_metrics(run_dir / "metrics.jsonl")[0]
+    last = rows[-1]["round"] if rows else 0
+    saved = saved_round(run_dir)
+    kept = f"its checkpoint after round {saved}" if saved is not None else "no checkpoint yet"
+    what = err.filename or f"the run's files in {run_dir}"  # a cache elsewhere names its file
+    written = f"the run's metrics up to round {last} and {kept} are kept" if rows else "nothing was written yet"
+    return RunStorageError(
+        f"cannot write {what} ({err.strerror}); {written}: make room, then resume=true continues"
+    ), last
 
 
 def load(run_dir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
