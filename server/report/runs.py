@@ -184,8 +184,8 @@ def _config_value(config: Any, dotted: str) -> Any:
 
 
 def _read_config(path: Path) -> Any:
-    cfg_file = path / "config.json"
-    return json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    """The run's config.json ({} when absent or broken: :func:`load_run` has listed the run as incomplete)."""
+    return _json_object(path / "config.json") or {}
 
 
 def _group_choices(path: Path) -> dict[str, Any]:

@@ -213,13 +213,16 @@ def test_a_report_lists_a_run_with_a_broken_file_as_incomplete_and_goes_on(finis
     source, _ = finished
     sweep = tmp_path / "sweep"
     broken_files = (("good", None), ("cut", "metrics.jsonl"), ("status", "status.json"), ("cfg", "config.json"))
-    for name, broken in (*broken_files, ("over", ".hydra/overrides.yaml"), ("word", None), ("twice", None)):
+    every = ("every", None)  # every file empty (a copy onto a full disk): its empty config.json was a stack trace
+    for name, broken in (*broken_files, ("over", ".hydra/overrides.yaml"), ("word", None), ("twice", None), every):
         shutil.copytree(source, sweep / name)
         (sweep / name / ".hydra").mkdir(exist_ok=True)
         (sweep / name / ".hydra" / "overrides.yaml").write_text(f"- seed={len(name)}\n")
         if broken:
             with open(sweep / name / broken, "a") as f:
                 f.write("{cut")
+    for file in [p for p in (sweep / "every").rglob("*") if p.is_file()]:
+        file.write_text("")
     lines = (sweep / "word" / "metrics.jsonl").read_text().splitlines()
     lines[2] = json.dumps({**json.loads(lines[2]), "loss": "low"})  # was a stack trace of the report
     (sweep / "word" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -233,6 +236,7 @@ def test_a_report_lists_a_run_with_a_broken_file_as_incomplete_and_goes_on(finis
         ("status", "status.json is no JSON"),
         ("word", "metrics.jsonl: line 3 is no metrics row"),
         ("twice", "metrics.jsonl: line 5 is no metrics row"),
+        ("every", "status.json is no JSON"),
     ):
         assert f"`{sweep / name}`: incomplete" in text and broken in text, text
     assert "config.json is no JSON object" in text and "overrides.yaml is no YAML list of overrides" in text
