@@ -346,9 +346,10 @@ def plot_runs(
     metric: str = "accuracy",
     log: bool = False,
     required: Sequence[str] | None = None,
-) -> Path:
+) -> tuple[Path, int]:
     """Mean +/- std of ``metric`` (test accuracy: paper 1 Figure 1) vs round, one curve per group; ``log``: log y;
-    ``required``: keys of ``group_by`` some run must have (see :func:`aggregate_runs`)."""
+    ``required``: keys of ``group_by`` some run must have (see :func:`aggregate_runs`). Returns the PNG's path and
+    how many runs its curves hold (a run without ``metric`` rows is in none)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -375,7 +376,7 @@ def plot_runs(
     plt.close(fig)
     summary = {k: {kk: v.tolist() for kk, v in c.items()} for k, c in curves.items()}
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
-    return out
+    return out, sum(int(c["runs"]) for c in curves.values())
 
 
 def plot_main(argv: Sequence[str] | None = None) -> None:
@@ -409,10 +410,13 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
         runs += [path] if (path / "metrics.jsonl").exists() else sorted(p.parent for p in path.glob("*/metrics.jsonl"))
     runs = list({run.resolve(): run for run in runs}.values())  # each run once, however many arguments name it
     try:
-        out = plot_runs(runs, out_path, args.group_by or GROUP_BY, args.title, args.metric, args.log, args.group_by)
+        out, used = plot_runs(
+            runs, out_path, args.group_by or GROUP_BY, args.title, args.metric, args.log, args.group_by
+        )
     except ValueError as err:
         parser.error(str(err))
-    print(f"wrote {out} and {out.with_suffix('.json')} from {len(runs)} runs")
+    left = f" ({len(runs) - used} without {args.metric} rows left out)" if used < len(runs) else ""
+    print(f"wrote {out} and {out.with_suffix('.json')} from {used} runs{left}")
 
 
 if __name__ == "__main__":  # pragma: no cover

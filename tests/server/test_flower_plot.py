@@ -101,3 +101,15 @@ def test_a_run_named_twice_counts_once(tmp_path):
                "--out", str(out)])  # fmt: skip
     curve = json.loads(out.with_suffix(".json").read_text())["strategy.name=a"]
     assert curve["runs"] == 2 and curve["mean"] == [1.0, 0.3]
+
+
+def test_the_count_says_how_many_runs_the_curves_hold(tmp_path, capsys):
+    """A run without the metric's rows is in no curve; the count said "from N runs" with it counted."""
+    write_run(tmp_path / "r0", "a", 0, [1.0, 0.5])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")  # e.g. a job that failed before round 0
+    out = tmp_path / "x.png"
+    plot_main([str(tmp_path), "--metric", "client_lr", "--group-by", "strategy.name", "--out", str(out)])
+    assert capsys.readouterr().out.strip().endswith("from 1 runs (1 without client_lr rows left out)")
+    plot_main([str(tmp_path / "r0"), "--metric", "client_lr", "--group-by", "strategy.name", "--out", str(out)])
+    assert capsys.readouterr().out.strip().endswith(" from 1 runs")
