@@ -11,6 +11,7 @@ import csv
 import json
 import logging
 import math
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -75,12 +76,16 @@ class MetricsWriter:
         self._csv_rows = csv.DictWriter(self._csv, fieldnames=COLUMNS)
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
-        with open(self.csv_path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows({k: _fmt(r.get(k)) for k in COLUMNS} for r in rows)
-        with open(self.jsonl_path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        """Both files as ``rows``, each replaced whole (a kill or a full disk meanwhile leaves the earlier rows)."""
+        for path, write in ((self.csv_path, _write_csv), (self.jsonl_path, _write_jsonl)):
+            tmp = path.with_name(f".{path.name}.tmp")
+            try:
+                with open(tmp, "w", newline="") as f:
+                    write(f, rows)
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                raise
+            os.replace(tmp, path)
 
     def append(self, row: dict[str, Any]) -> None:
         """Write one round's metrics to both files now."""
@@ -106,6 +111,16 @@ def _fmt(value: Any) -> Any:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return value
+
+
+def _write_csv(f: Any, rows: list[dict[str, Any]]) -> None:
+    writer = csv.DictWriter(f, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows({k: _fmt(r.get(k)) for k in COLUMNS} for r in rows)
+
+
+def _write_jsonl(f: Any, rows: list[dict[str, Any]]) -> None:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 class BrokenMetrics(ValueError):

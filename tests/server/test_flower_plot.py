@@ -76,6 +76,24 @@ def test_each_metrics_row_is_on_disk_when_appended_and_a_resume_keeps_the_rows_u
     assert (tmp_path / "metrics.csv").read_text().count("\n") == 4
 
 
+def test_a_resume_replaces_the_metrics_files_whole(tmp_path):
+    """A resumed run rewrites the rows up to its checkpoint: the files were truncated in place, so a kill (or a
+    full disk) between the truncation and the write lost every row of the run; now each is replaced whole."""
+    with MetricsWriter(tmp_path) as writer:
+        for t in (1, 2, 3):
+            writer.append({"round": t, "train_loss": 1.0 / t})
+    before = {name: open(tmp_path / name) for name in ("metrics.jsonl", "metrics.csv")}  # what was there
+    try:
+        with MetricsWriter(tmp_path, keep_rounds_upto=1):
+            pass
+        assert before["metrics.jsonl"].read().count("\n") == 3 and before["metrics.csv"].read().count("\n") == 4
+    finally:
+        for handle in before.values():
+            handle.close()
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.csv", "metrics.jsonl"]  # no temporary file left
+
+
 def test_a_group_by_key_no_run_has_is_one_line_exit_2(tmp_path, capsys):
     """A mistyped --group-by key put every run into one curve (their configs have no such key); the default keys
     need not all exist (LocalUpdate's configs have no strategy.momentum)."""
