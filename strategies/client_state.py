@@ -176,8 +176,12 @@ class ClientStateStore:
         self.path.mkdir(parents=True, exist_ok=True)
         final = self.path / f"r{server_round:08d}-{segment}.npz"
         tmp = self.path / f".tmp-{os.getpid()}-{new_id()}.npz"
-        with open(tmp, "wb") as fh:  # straight to the file: through a BytesIO a CNN's state took 2-4x as long
-            np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})
+        try:
+            with open(tmp, "wb") as fh:  # straight to the file: through a BytesIO a CNN's state took 2-4x as long
+                np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})
+        except OSError:  # e.g. a full disk: the partial file goes (nothing else would remove it)
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, final)
         self.prune(keep_round)
         return final

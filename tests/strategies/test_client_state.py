@@ -1,6 +1,8 @@
 """Node-local client state of LocalGHBM / FedHBM: newest valid state, resume segments, pruning, untrusted files."""
 
 import logging
+import resource
+import signal
 
 import numpy as np
 import pytest
@@ -146,3 +148,21 @@ def test_a_state_as_the_store_writes_it_is_read_without_parsing_each_header_and_
             assert direct[k].dtype == npz[k].dtype and direct[k].shape == npz[k].shape
             assert np.array_equal(direct[k], npz[k]) and direct[k].flags.writeable
     assert cs._read_expected(path, {**like, "steps": like["steps"].astype(np.int32)}) is None  # judged by np.load
+
+
+def test_a_state_that_cannot_be_written_leaves_no_partial_file(tmp_path):
+    """A full disk (here a real file-size limit: EFBIG) left the partial temporary file, which nothing removes."""
+    s = store(tmp_path, keep=0)
+    s.save(1, arrays(1.0))
+    big = {"w": np.zeros((200, 200), dtype=np.float64), "b": np.zeros(3, dtype=np.float32)}  # 320 kB
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(OSError):
+            s._write(2, s.lineage.current, big)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert [p.name for p in s.path.iterdir() if p.name.startswith(".tmp")] == []
+    assert rounds_on_disk(s) == [(1, "a0")]  # the earlier state is kept
