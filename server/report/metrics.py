@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from server.run.errors import ConfigError, make_dir
+from server.run.hydra_config import MISSING, config_value
 
 COLUMNS = (
     "round",
@@ -275,7 +276,6 @@ def plot_gap(rows: list[dict[str, Any]], path: Path) -> Path | None:
     return path
 
 
-_MISSING = object()  # a --group-by key a run's config does not have
 GROUP_BY = ("strategy.name", "strategy.momentum", "model.name")  # flower-plot's curves by default
 
 
@@ -291,12 +291,10 @@ def _group_label(run_dir: Path, keys: Sequence[str], found: set[str] | None = No
         raise ValueError(f"{cfg_path} is no JSON object") from None
     parts = []
     for dotted in keys:
-        node: Any = cfg
-        for part in dotted.split("."):
-            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
-        if node is not _MISSING and found is not None:
+        node = config_value(cfg, dotted)
+        if node is not MISSING and found is not None:
             found.add(dotted)
-        parts.append(f"{dotted}={None if node is _MISSING else node}")
+        parts.append(f"{dotted}={None if node is MISSING else node}")
     return ", ".join(parts)
 
 

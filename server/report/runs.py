@@ -15,6 +15,7 @@ import yaml
 
 from server.report.metrics import BrokenMetrics, parse_metrics, read_metrics
 from server.report.stats import Summary, summarise
+from server.run.hydra_config import MISSING, config_value
 
 AVERAGED = "seed"  # runs differing only in these keys are the seeds of one configuration
 # Overrides that say where or how a run is stored, never what it computes: not configuration keys, so runs started
@@ -170,19 +171,6 @@ def load_runs(sweep_dirs: Sequence[Path]) -> list[Run]:
     return runs
 
 
-_MISSING = object()
-
-
-def _config_value(config: Any, dotted: str) -> Any:
-    """The value at a dotted key of a run's config.json (a config group name gives its node), else _MISSING."""
-    node = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
 def _read_config(path: Path) -> Any:
     """The run's config.json ({} when absent or broken: :func:`load_run` has listed the run as incomplete)."""
     return _json_object(path / "config.json") or {}
@@ -216,8 +204,8 @@ def fill_defaults(runs: Sequence[Run]) -> None:
             continue
         choices, config = _group_choices(run.path), _read_config(run.path)
         for key in missing:
-            value = choices[key] if isinstance(choices.get(key), str) else _config_value(config, key)
-            if value is not _MISSING and value is not None and not isinstance(value, (dict, list)):
+            value = choices[key] if isinstance(choices.get(key), str) else config_value(config, key)
+            if value is not MISSING and value is not None and not isinstance(value, (dict, list)):
                 run.params[key] = str(value)
 
 
@@ -277,7 +265,7 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
 
 def _in_config(run: Run, dotted: str) -> bool:
     """Whether the run's config.json has the dotted key (a config group name like "strategy" counts)."""
-    return _config_value(_read_config(run.path), dotted) is not _MISSING
+    return config_value(_read_config(run.path), dotted) is not MISSING
 
 
 def check_keys(runs: Sequence[Run], swept: Sequence[str], keys: Sequence[str], option: str) -> None:

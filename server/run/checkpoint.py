@@ -17,6 +17,7 @@ import torch
 from flwr.common.logger import log
 
 from server.run.errors import ConfigError, RunStorageError, first_line
+from server.run.hydra_config import MISSING, config_value
 from server.run.run_lock import RunDirRefused, earlier_results
 from server.run.window import ModelWindow, split_arrays
 
@@ -69,15 +70,23 @@ def discard(run_dir: Path) -> None:
         shutil.rmtree(run_dir / name, ignore_errors=True)
 
 
+def _folder(run_dir: Path) -> Path | None:
+    """The folder of the run's checkpoint (``.checkpoint.old`` after a crash between the two renames of save());
+    None when there is none."""
+    for folder in (run_dir / CHECKPOINT, run_dir / f".{CHECKPOINT}.old"):
+        if (folder / "state.json").exists():
+            return folder
+    return None
+
+
 def saved_round(run_dir: Path) -> int | None:
     """The round of the run's checkpoint (None: none, or one that cannot be read)."""
-    for folder in (CHECKPOINT, f".{CHECKPOINT}.old"):
-        try:
-            last = json.loads((run_dir / folder / "state.json").read_text())["round"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        return last if isinstance(last, int) else None
-    return None
+    folder = _folder(run_dir)
+    try:
+        last = json.loads((folder / "state.json").read_text())["round"] if folder else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return last if isinstance(last, int) else None
 
 
 def storage_failure(run_dir: Path, err: OSError) -> tuple[RunStorageError, int]:
@@ -98,12 +107,9 @@ def storage_failure(run_dir: Path, err: OSError) -> tuple[RunStorageError, int]:
 
 def load(run_dir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
     """(state, arrays) of the run's checkpoint, restoring the RNG states; None when there is none."""
-    path = run_dir / CHECKPOINT
-    if not (path / "state.json").exists():
-        old = run_dir / f".{CHECKPOINT}.old"  # a crash between the two renames of save()
-        if not (old / "state.json").exists():
-            return None
-        path = old
+    path = _folder(run_dir)
+    if path is None:
+        return None
     state = json.loads((path / "state.json").read_text())
     with np.load(path / "arrays.npz") as npz:
         arrays = {k: npz[k] for k in npz.files}
@@ -147,7 +153,6 @@ RESUME_KEYS = (
 )
 # strategy keys added after runs were checkpointed, with the value those runs had (a checkpoint without them resumes)
 LATER_STRATEGY_KEYS = {"client_lr_schedule": "constant", "client_schedule_param": 1.0}
-_ABSENT = object()
 
 
 class ResumeRefused(RunDirRefused):
@@ -158,36 +163,26 @@ def resume_mismatch(saved: dict[str, Any], cfg: dict[str, Any]) -> str | None:
     """The first key of RESUME_KEYS whose value differs between a checkpoint's config and this run's (None: none).
     A dotted key that a checkpoint's config does not hold (written before the key was compared) is not compared."""
     for key in RESUME_KEYS:
-        old, new = _value(saved, key), _value(cfg, key)
-        if "." in key and old is _ABSENT:
+        old, new = config_value(saved, key), config_value(cfg, key)
+        if "." in key and old is MISSING:
             continue
         if key == "strategy" and isinstance(old, dict) and isinstance(new, dict):
             old, new = {**LATER_STRATEGY_KEYS, **old}, {**LATER_STRATEGY_KEYS, **new}
-        if (None if old is _ABSENT else old) != (None if new is _ABSENT else new):
+        if (None if old is MISSING else old) != (None if new is MISSING else new):
             return key
     return None
-
-
-def _value(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(cfg, dict) or part not in cfg:
-            return _ABSENT
-        cfg = cfg[part]
-    return cfg
 
 
 def check_resumable(cfg: dict[str, Any], run_dir: Path) -> None:
     """Before any work of a ``resume=true`` run: :class:`ResumeRefused` when ``run_dir``'s checkpoint is of a run
     whose RESUME_KEYS differ or that is past ``num_rounds``, a :class:`ConfigError` when its state cannot be read;
     without a checkpoint, :func:`_check_uncheckpointed`."""
-    path = run_dir / CHECKPOINT / "state.json"
-    if not path.exists():
-        path = run_dir / f".{CHECKPOINT}.old" / "state.json"  # a crash between the two renames of save()
-        if not path.exists():
-            _check_uncheckpointed(cfg, run_dir)
-            return
+    folder = _folder(run_dir)
+    if folder is None:
+        _check_uncheckpointed(cfg, run_dir)
+        return
     try:
-        state = json.loads(path.read_text())
+        state = json.loads((folder / "state.json").read_text())
         refusal(state, cfg)
     except ConfigError:
         raise
@@ -216,13 +211,13 @@ def difference(saved: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str] | 
     differs = resume_mismatch(saved, cfg)
     if not differs:
         return None
-    old, new = _value(saved, differs), _value(cfg, differs)
+    old, new = config_value(saved, differs), config_value(cfg, differs)
     if isinstance(old, dict) and isinstance(new, dict):  # name the entry (strategy.client_lr, model.name)
         if differs == "strategy":
             old, new = {**LATER_STRATEGY_KEYS, **old}, {**LATER_STRATEGY_KEYS, **new}
         keys = sorted({*old, *new}, key=lambda k: (k != "name", k))
-        entry = next(k for k in keys if old.get(k, _ABSENT) != new.get(k, _ABSENT))
-        differs, old, new = f"{differs}.{entry}", old.get(entry, _ABSENT), new.get(entry, _ABSENT)
+        entry = next(k for k in keys if old.get(k, MISSING) != new.get(k, MISSING))
+        differs, old, new = f"{differs}.{entry}", old.get(entry, MISSING), new.get(entry, MISSING)
     return differs, f"{_shown(old)} there, {_shown(new)} here"
 
 
@@ -271,7 +266,7 @@ def check_shapes(arrays: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
 
 
 def _shown(value: Any) -> str:
-    text = "unset" if value is _ABSENT else repr(value)
+    text = "unset" if value is MISSING else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -11,6 +11,20 @@ from server.run.errors import ConfigError, first_line
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config groups
 
 
+MISSING = object()  # what config_value gives for a key a config does not hold
+
+
+def config_value(config: Any, dotted: str) -> Any:
+    """The value at a dotted key of a plain config ("strategy.client_lr"; a group's name gives its node), else
+    :data:`MISSING`."""
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return MISSING
+        node = node[part]
+    return node
+
+
 def to_plain(cfg: Any) -> dict[str, Any]:
     """Resolve a Hydra DictConfig (or pass a dict through) into plain Python containers; a value that cannot be
     resolved (an interpolation of a key that does not exist, ...) is a :class:`ConfigError` naming its key."""
