@@ -83,7 +83,7 @@ def run_experiment(
 
 def _run_logged(run: Run, grid: Grid, thread_log: bool) -> dict[str, Any]:
     """:meth:`Run.run` with its run.log (this thread's records only, with ``thread_log``) and console routing."""
-    handler = logging.FileHandler(run.run_dir / "run.log")
+    handler = run.run_log = console.RunLog(run.run_dir / "run.log", STORAGE_ERRNOS)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     handler.addFilter(console.RunLogFilter())  # every line but the console's short round lines
     flwr_logger = logging.getLogger("flwr")
@@ -135,6 +135,7 @@ class Run:
         self.make_evaluator = evaluator or Evaluator  # (config, dataset) -> the evaluator
         self.evaluator: Evaluator | None = None
         self.writer: MetricsWriter | None = None
+        self.run_log: console.RunLog | None = None  # its run.log handler (set by run_experiment)
         self.train_config = train_record(self.cfg)
         self.started = time.time()  # reset by resume(): the run's elapsed time counts from there
         self.round_started = self.started
@@ -242,6 +243,8 @@ class Run:
         row["elapsed"] = time.time() - self.started
         self.writer.append(row)
         _log_progress(row["round"], self.num_rounds, row, eta=eta)  # the in-round lines' estimate
+        if self.run_log is not None and self.run_log.failure is not None:
+            raise self.run_log.failure  # run.log could not be written (a full disk, ...): stop as for any file
 
     def stop_if_diverged(self, rnd: int, diverged: str) -> None:
         """With a reason ``diverged``: status.json ``diverged``, the plots, and :class:`DivergenceError`."""

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 ROUTE = "fm_route"  # LogRecord attribute: FILE_ONLY (run.log, verbose consoles) or CONSOLE_ONLY
@@ -187,6 +189,34 @@ def console_routing(verbose: bool) -> Iterator[None]:
             else:
                 for handler in handlers:
                     handler.removeFilter(flt)
+
+
+class RunLog(logging.FileHandler):
+    """A run's ``run.log``: a line that cannot be written for lack of room (``errnos``: a full disk, a quota, a
+    file-size limit) is kept in :attr:`failure` (raised by the run at the end of its round, as its other files'
+    failures are) instead of printed as logging's trace; any other error is logging's as usual."""
+
+    def __init__(self, path: str | Path, errnos: frozenset[int]) -> None:
+        super().__init__(path)
+        self.errnos = errnos
+        self.failure: OSError | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError) and err.errno in self.errnos:
+            if self.failure is None:
+                err.filename = err.filename or self.baseFilename
+                self.failure = err
+            return
+        super().handleError(record)
+
+    def close(self) -> None:
+        """Close the file; the lines a failed write left in its buffer are dropped (that failure is kept above)."""
+        try:
+            super().close()
+        except OSError as err:
+            if err.errno not in self.errnos:
+                raise
 
 
 # verbose -> (the console filter, the handlers it is installed on, runs using it)

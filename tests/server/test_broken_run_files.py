@@ -292,6 +292,32 @@ def test_a_run_whose_files_cannot_be_written_stops_in_one_line_and_resumes(finis
         assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)  # the uninterrupted run's
 
 
+def test_a_run_log_that_cannot_be_written_stops_the_run_in_one_line(finished, tiny_data, tmp_path):
+    """A run.log line that could not be written was logging's trace on stderr, once per line, while the run went on
+    unlogged; now the run stops at the end of that round as for its other files. Here run.log is the file that
+    fills: it already holds 99.7 kB (a directory's earlier start-ups) under the 100 kB limit."""
+    source, extra = finished
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.log").write_text("x" * 99_700 + "\n")
+    args = sim_args(tiny_data, run_dir, *extra)
+    command = [str(BIN / "flower-simulation"), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, preexec_fn=_file_size_limit)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Logging error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    reason = (
+        f"cannot write {run_dir / 'run.log'} (File too large); the run's metrics up to round 1 and no checkpoint "
+        "yet are kept: make room, then resume=true continues"
+    )
+    assert proc.stderr.strip().splitlines()[-1] == f"flower-simulation: {reason}"
+    assert json.loads((run_dir / "status.json").read_text()) == {"status": "failed", "round": 1, "reason": reason}
+    (run_dir / "run.log").write_text("")  # room made
+    resumed = run_cli("flower-simulation", [*args, "resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    with np.load(run_dir / "final_model.npz") as a, np.load(source / "final_model.npz") as b:
+        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
 def test_a_data_cache_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(tiny_data, tmp_path):
     """Numpy's short write of a decode-cache array (no errno) was a stack trace, its partial file left in the entry."""
     cache = tmp_path / "cache"
