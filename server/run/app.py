@@ -137,7 +137,7 @@ class Run:
         self.writer: MetricsWriter | None = None
         self.run_log: console.RunLog | None = None  # its run.log handler (set by run_experiment)
         self.train_config = train_record(self.cfg)
-        self.started = time.time()  # reset by resume(): the run's elapsed time counts from there
+        self.started = time.time()  # set by resume(): the run's elapsed time counts from there
         self.round_started = self.started
 
     def progress_grid(self, grid: Grid) -> ProgressGrid:
@@ -167,7 +167,7 @@ class Run:
             save_partition_summary(cfg, dataset, run_dir)
         self.evaluator = self.make_evaluator(cfg, dataset)
         self.writer = MetricsWriter(run_dir, keep_rounds_upto=start if start else None)
-        self.started = time.time()
+        self.started = time.time() - _elapsed(self.writer.rows)  # a resumed run's time goes on from its checkpoint's
         log(INFO, "Run dir %s: %s, rounds %d..%d", run_dir, console.run_label(cfg), start + 1, self.num_rounds)
         write_status(run_dir, "running", start)
         if start == 0:
@@ -326,6 +326,12 @@ def written_round(run_dir: Path) -> int:
     except (OSError, ValueError, KeyError, TypeError):
         return 0
     return last if isinstance(last, int) and last >= 0 else 0
+
+
+def _elapsed(rows: list[dict[str, Any]]) -> float:
+    """The ``elapsed`` seconds of the last of ``rows`` (the rows a resumed run keeps; 0 without one)."""
+    value = rows[-1].get("elapsed") if rows else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 else 0.0
 
 
 def _pop_text(row: dict[str, Any]) -> str:

@@ -114,6 +114,33 @@ def test_a_resume_may_change_what_does_not_make_the_trajectory(finished, tiny_da
     assert json.loads((run_dir / "config.json").read_text())["participation"]["wait_timeout"] == 5
 
 
+def _set_elapsed(run_dir, start):
+    """Give the run's rows the elapsed times of a long run: ``start`` + round seconds."""
+    rows = [{**r, "elapsed": start + r["round"]} for r in read_metrics(run_dir)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+@pytest.mark.parametrize("more", [False, True], ids=["finished", "one round more"])
+def test_a_resumed_run_s_elapsed_time_goes_on_from_its_checkpoint_s(finished, tiny_data, tmp_path, more):
+    """``elapsed`` and summary.json's ``seconds`` counted from the resume: a resume of a finished run (nothing to do)
+    said the run took a fraction of a second."""
+    source, extra = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    kept = _set_elapsed(run_dir, 1000.0)
+    rounds = ["num_rounds=4"] if more else []
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *extra, *rounds, "resume=true"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = read_metrics(run_dir)
+    assert rows[:4] == kept
+    seconds = json.loads((run_dir / "summary.json").read_text())["seconds"]
+    if more:
+        assert rows[4]["elapsed"] >= 1003 + rows[4]["seconds"] and seconds >= rows[4]["elapsed"]
+    else:
+        assert len(rows) == 4 and seconds >= 1003
+
+
 UNCHECKPOINTED = {  # no checkpoint (killed before its first), an earlier run's metrics: what a resume=true gets
     "client_lr differs": (
         lambda run: None,
