@@ -48,7 +48,8 @@ import numpy as np
 
 from client.train import num_local_steps
 from server.convex.optimum import objective, optimum
-from server.report.metrics import aggregate_runs, read_metrics
+from server.report.metrics import read_metrics
+from server.report.run_plots import aggregate_runs
 from server.run.data import server_dataset
 from server.run.errors import ConfigError, first_line, make_dir
 from studies.convex_replay import plot_replays, replay_check, replay_error, replay_label, replay_path

@@ -135,7 +135,7 @@ def plot_replays(curves: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from server.report.metrics import place_legend
+    from server.report.run_plots import place_legend
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for index, (label, curve) in enumerate(curves.items()):

@@ -45,6 +45,7 @@ WARM_MODULES = (
     "server.batched.engine",
     "server.report.sweep",
     "server.report.metrics",
+    "server.report.run_plots",
     "server.convex.cli",
     "client.app",
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server.report.metrics import place_legend
+from server.report.run_plots import place_legend
 from server.report.runs import FINISHED, Config, normalise, sort_key
 from server.report.stats import t_quantile
 

@@ -28,7 +28,8 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from server.report.metrics import MetricsWriter, plot_run
+from server.report.metrics import MetricsWriter
+from server.report.run_plots import plot_run
 from server.run import checkpoint, console, strategy_factory
 from server.run.config import RunConfig
 from server.run.data import server_dataset, train_size

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from server.report.metrics import MetricsWriter, _legend_labels, plot_main
+from server.report.metrics import MetricsWriter
+from server.report.run_plots import _legend_labels, plot_main
 
 
 def write_run(path, name, seed, client_lr):
