@@ -81,8 +81,9 @@ class RunConfig:
 def make_run_dir(value: Any) -> str:
     """``run_dir`` as an absolute path, created; a :class:`ConfigError` when it cannot be created or written, a
     :class:`~server.run.run_lock.RunDirInUse` when another run holds it (a command's checks before any work)."""
-    from server.run.run_lock import check_free
+    from server.run.run_lock import check_free, check_layout
 
     path = make_dir(str(value), "'run_dir'")
+    check_layout(path)  # its lock file among the rest
     check_free(path)
     return str(path)

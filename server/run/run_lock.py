@@ -21,10 +21,16 @@ from flwr.common.logger import log
 from server.run.errors import ConfigError
 
 LOCK_FILE = ".lock"
+# what a run writes in its directory: these files, and these folders (its checkpoint's; the stateful clients' state)
+RUN_FILES = (LOCK_FILE, "config.json", "status.json", "run.log", "metrics.csv", "metrics.jsonl", "partition.csv")
+RUN_FILES += ("partition.json", "summary.json", "final_model.npz", "final_model_avg.npz")
+RUN_FILES += ("accuracy.png", "loss.png", "lr.png", "norm.png", "gap.png", "partition.png")
+RUN_FOLDERS = ("checkpoint", ".checkpoint.tmp", ".checkpoint.old", "client_state")
 
 
 class RunDirRefused(ConfigError):
-    """The run directory is another run's: nothing of it may be written (its status.json included)."""
+    """The run directory is another run's, or cannot hold this run's files: nothing of it may be written (its
+    status.json included)."""
 
 
 class RunDirInUse(RunDirRefused):
@@ -33,6 +39,10 @@ class RunDirInUse(RunDirRefused):
 
 class RunDirHoldsResults(RunDirRefused):
     """A fresh run would erase an earlier run's results."""
+
+
+class RunDirUnfit(RunDirRefused):
+    """An entry of the run directory is not what the run writes under its name (:func:`check_layout`)."""
 
 
 @contextlib.contextmanager
@@ -74,6 +84,21 @@ def check_free(run_dir: Path | str) -> None:
     then holds the lock with :func:`run_dir_lock`)."""
     with run_dir_lock(run_dir):
         pass
+
+
+def check_layout(run_dir: Path | str) -> None:
+    """:class:`RunDirUnfit` naming the first entry of ``run_dir`` that is not what the run writes
+    under its name (a folder where a file of :data:`RUN_FILES` goes, a file where a folder of :data:`RUN_FOLDERS`
+    goes): the run would stop there with a stack trace, at its start or hours later."""
+    root = Path(run_dir)
+    for names, kind, is_kind in ((RUN_FILES, "file", Path.is_file), (RUN_FOLDERS, "folder", Path.is_dir)):
+        for name in names:
+            path = root / name
+            if (path.exists() or path.is_symlink()) and not is_kind(path):
+                raise RunDirUnfit(
+                    f"'run_dir': {path.resolve() if path.exists() else path} is not a {kind}, and the run writes "
+                    f"its {name} there: move it away or choose another run_dir"
+                )
 
 
 def check_fresh(run_dir: Path | str) -> None:

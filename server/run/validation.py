@@ -122,6 +122,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
             "'resume' and 'overwrite' are both true: resume=true continues the run in run_dir, overwrite=true "
             "replaces it; choose one"
         )
+    if check_paths and cfg.get("run_dir"):
+        run_lock.check_layout(cfg["run_dir"])  # a folder where the run writes a file, ...
     if check_paths and not (cfg["resume"] or cfg["overwrite"]) and cfg.get("run_dir"):
         run_lock.check_fresh(cfg["run_dir"])  # a fresh run would erase an earlier run's results
     if "round_timeout" in cfg and not _number(cfg["round_timeout"], "round_timeout") > 0:

@@ -19,7 +19,18 @@ from server.report.metrics import read_metrics
 from server.run import config as config_lib
 from server.run.app import DivergenceError
 from server.run.cli import simulate
-from server.run.run_lock import LOCK_FILE, RunDirHoldsResults, RunDirInUse, check_free, check_fresh, run_dir_lock
+from server.run.errors import ConfigError
+from server.run.run_lock import (
+    LOCK_FILE,
+    RUN_FILES,
+    RUN_FOLDERS,
+    RunDirHoldsResults,
+    RunDirInUse,
+    check_free,
+    check_fresh,
+    check_layout,
+    run_dir_lock,
+)
 from server.stacked.launch import run_jobs
 
 HOLDER = f"pid {os.getpid()} on {socket.gethostname()}"
@@ -121,6 +132,69 @@ def test_a_fresh_run_over_earlier_results_needs_overwrite_and_then_keeps_nothing
     assert [row["round"] for row in read_metrics(run_dir)] == [0, 1]
     assert not (run_dir / "checkpoint").exists() and not (run_dir / "summary.json").exists()
     assert not (run_dir / "final_model.npz").exists()  # a later resume=true cannot continue the earlier run
+
+
+MISPLACED = {  # an entry of the wrong kind where the run writes one: each was a stack trace, some after hours
+    "metrics.jsonl a folder": lambda run: (run / "metrics.jsonl").mkdir(),
+    "status.json a folder": lambda run: (run / "status.json").mkdir(),
+    ".lock a folder": lambda run: (run / LOCK_FILE).mkdir(),
+    "final_model.npz a folder": lambda run: (run / "final_model.npz").mkdir(),
+    "checkpoint a file": lambda run: (run / "checkpoint").write_text(""),
+    "client_state a file": lambda run: (run / "client_state").write_text(""),
+    "run.log a dangling link": lambda run: (run / "run.log").symlink_to(run / "absent"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISPLACED))
+def test_an_entry_of_the_wrong_kind_in_the_run_dir_is_one_line_before_any_work(tiny_data, tmp_path, case):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    MISPLACED[case](run_dir)
+    before = sorted(p.name for p in run_dir.iterdir())
+    name = case.split()[0]
+    proc = run_cli("flower-simulation", sim_args(tiny_data, run_dir, *IN_PROCESS, "model=logreg", "resume=true"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"flower-simulation: invalid configuration: 'run_dir': {run_dir}/{name} is not a "), line
+    assert line.endswith(f"the run writes its {name} there: move it away or choose another run_dir"), line
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted([*before, "cli.log"])  # nothing but Hydra's log
+
+
+def test_a_multirun_job_whose_dir_has_an_entry_of_the_wrong_kind_fails_alone_in_one_line(tiny_data, tmp_path):
+    """The job's refusal wrote the reason into its status.json, here a folder: a stack trace ended the sweep."""
+    sweep = tmp_path / "sweep"
+    (sweep / "0" / "status.json").mkdir(parents=True)
+    args = ["-m", "hydra/launcher=stacked", *sim_args(tiny_data, tmp_path / "unused")[:-1], *IN_PROCESS]
+    args += ["model=logreg", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${seed}", "seed=0,1"]
+    proc = run_cli("flower-simulation", args)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    bad = f"flower-simulation: {sweep / '0'}: invalid configuration: 'run_dir': {sweep}/0/status.json is not a file"
+    assert bad in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert json.loads((sweep / "1" / "status.json").read_text())["status"] == "finished"  # the other job ran
+
+
+@pytest.mark.e2e
+def test_the_layout_names_every_entry_a_run_writes(tiny_data, tmp_path):
+    """The entries :func:`check_layout` checks are those a run writes (plots, the window's mean model, client states
+    and checkpoints included); gap.png needs eval_gap (f*), named without a run here."""
+    run_dir = tmp_path / "run"
+    overrides = (
+        "model=logreg",
+        "strategy=fedhbm",
+        "num_rounds=3",
+        "eval_average=2",
+        "checkpoint_every=1",
+        "plots=true",
+    )
+    simulate(composed(run_dir, tiny_data, *overrides))
+    written = {p.name for p in run_dir.iterdir()}
+    assert written <= set(RUN_FILES) | set(RUN_FOLDERS), written - set(RUN_FILES) - set(RUN_FOLDERS)
+    assert {"final_model_avg.npz", "client_state", "checkpoint", "accuracy.png", "norm.png"} <= written
+    check_layout(run_dir)  # a finished run's own directory passes
+    (run_dir / "lr.png").unlink()
+    (run_dir / "lr.png").mkdir()
+    with pytest.raises(ConfigError, match=r"lr.png is not a file"):
+        check_layout(run_dir)
 
 
 RECORD = ("status.json", "metrics.jsonl", ".hydra/overrides.yaml", ".hydra/config.yaml", ".hydra/hydra.yaml")
