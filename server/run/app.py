@@ -37,7 +37,7 @@ from server.run.errors import STORAGE_ERRNOS, ConfigError
 from server.run.evaluator import Evaluator
 from server.run.messages import train_record
 from server.run.partitions import save_partition_summary
-from server.run.progress import ProgressGrid, format_duration
+from server.run.progress import ProgressGrid
 from server.run.run_lock import run_dir_lock
 from server.run.window import ModelWindow
 from strategies import protocol
@@ -178,8 +178,8 @@ class Run:
         return start
 
     def _log_round0(self, row0: dict[str, Any]) -> None:
-        num_rounds = self.num_rounds
-        log(INFO, "[round 0/%d] accuracy %.4f loss %.4f%s", num_rounds, row0["accuracy"], row0["loss"], _pop_text(row0))
+        accuracy, loss, pop = row0["accuracy"], row0["loss"], console.pop_text(row0)
+        log(INFO, "[round 0/%d] accuracy %.4f loss %.4f%s", self.num_rounds, accuracy, loss, pop)
 
     def train_round(self, grid: ProgressGrid, rnd: int) -> dict[str, Any]:
         """Round ``rnd`` on ``grid``: select and message the nodes, aggregate their replies into the global model;
@@ -243,7 +243,7 @@ class Run:
         row["seconds"] = time.time() - self.round_started
         row["elapsed"] = time.time() - self.started
         self.writer.append(row)
-        _log_progress(row["round"], self.num_rounds, row, eta=eta)  # the in-round lines' estimate
+        console.log_round(row["round"], self.num_rounds, row, eta=eta)  # the in-round lines' estimate
         if self.run_log is not None and self.run_log.failure is not None:
             raise self.run_log.failure  # run.log could not be written (a full disk, ...): stop as for any file
 
@@ -335,22 +335,6 @@ def _elapsed(rows: list[dict[str, Any]]) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 else 0.0
 
 
-def _pop_text(row: dict[str, Any]) -> str:
-    """' pop_loss … pop_accuracy … [pop_gap …]' when the population was evaluated this round (eval_train, eval_gap)."""
-    if row.get("pop_loss") is None:
-        return ""
-    gap = f" pop_gap {row['pop_gap']:.4e}" if row.get("pop_gap") is not None else ""
-    return f" pop_loss {row['pop_loss']:.4f} pop_accuracy {row['pop_accuracy']:.4f}{gap}"
-
-
-def _avg_text(row: dict[str, Any]) -> str:
-    """' avg_accuracy … avg_loss … [avg_pop_gap …]' when the mean of the last eval_average models was evaluated."""
-    if row.get("avg_accuracy") is None:
-        return ""
-    gap = f" avg_pop_gap {row['avg_pop_gap']:.4e}" if row.get("avg_pop_gap") is not None else ""
-    return f" avg_accuracy {row['avg_accuracy']:.4f} avg_loss {row['avg_loss']:.4f}{gap}"
-
-
 def _divergence(strategy: Any) -> str:
     """Why the run counts as diverged ('' when it does not): only the *global* model decides.
 
@@ -360,42 +344,6 @@ def _divergence(strategy: Any) -> str:
     if strategy.model is not None and not all(np.isfinite(a).all() for a in strategy.model):
         return "the global model has non-finite weights"
     return ""
-
-
-def _log_progress(rnd: int, num_rounds: int, row: dict[str, Any], eta: float | None = None) -> None:
-    """The round's lines: every figure and counter in run.log, the short line of :func:`console.round_line` on
-    the console; ``eta``: :meth:`ProgressGrid.run_eta`, seconds left at the mean pace of this process's rounds
-    (with evaluations; None: not known yet)."""
-
-    def fmt(key: str, spec: str = ".4f") -> str:
-        value = row.get(key)
-        return "-" if value is None else format(value, spec)
-
-    log(
-        INFO,
-        "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
-        "rejected %d failures %d skipped %d refused %d reassigned %d silent %d %.1fs%s%s",
-        rnd,
-        num_rounds,
-        fmt("accuracy"),
-        fmt("loss"),
-        fmt("train_loss"),
-        fmt("server_lr", ".4g"),
-        fmt("client_lr", ".4g"),
-        row["num_replies"],
-        row["num_selected"],
-        row["num_rejected"],
-        row["num_failures"],
-        row["num_skipped"],
-        row["num_refused"],
-        row["num_reassigned"],
-        row["num_silent"],
-        row["seconds"],
-        _pop_text(row) + _avg_text(row),
-        f", run ETA {'?' if eta is None else format_duration(eta)}" if rnd < num_rounds else "",
-        extra=console.TO_FILE,
-    )
-    log(INFO, "%s", console.round_line(rnd, num_rounds, row, eta), extra=console.TO_CONSOLE)
 
 
 def make_server_app(cfg: RunConfig | dict[str, Any], result: dict[str, Any]) -> ServerApp:

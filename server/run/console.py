@@ -36,6 +36,7 @@ DETAIL_FORMATS = frozenset(
 )
 # repeated waiting lines: the console shows their 1st, 2nd, 4th, 8th, … occurrence (run.log every one)
 THINNED_FORMATS = frozenset({"Waiting for nodes: %d of %d partitions answered"})  # strategies/client_manager.py
+_FLOWER = logging.getLogger("flwr")  # Flower's logger: its handlers, run.log's and the console's
 COUNTERS = ("rejected", "failures", "skipped", "refused", "reassigned", "silent")  # num_<name> of a metrics row
 
 
@@ -81,6 +82,58 @@ def round_line(rnd: int, num_rounds: int, row: dict[str, Any], eta: float | None
     if rnd < num_rounds:
         tail.append(f"run ETA {'?' if eta is None else format_duration(eta)}")
     return " ".join(parts) + ", " + ", ".join(tail)
+
+
+def pop_text(row: dict[str, Any]) -> str:
+    """' pop_loss … pop_accuracy … [pop_gap …]' when the population was evaluated this round (eval_train, eval_gap)."""
+    if row.get("pop_loss") is None:
+        return ""
+    gap = f" pop_gap {row['pop_gap']:.4e}" if row.get("pop_gap") is not None else ""
+    return f" pop_loss {row['pop_loss']:.4f} pop_accuracy {row['pop_accuracy']:.4f}{gap}"
+
+
+def avg_text(row: dict[str, Any]) -> str:
+    """' avg_accuracy … avg_loss … [avg_pop_gap …]' when the mean of the last eval_average models was evaluated."""
+    if row.get("avg_accuracy") is None:
+        return ""
+    gap = f" avg_pop_gap {row['avg_pop_gap']:.4e}" if row.get("avg_pop_gap") is not None else ""
+    return f" avg_accuracy {row['avg_accuracy']:.4f} avg_loss {row['avg_loss']:.4f}{gap}"
+
+
+def log_round(rnd: int, num_rounds: int, row: dict[str, Any], eta: float | None = None) -> None:
+    """The round's lines: every figure and counter in run.log, the short line of :func:`round_line` on
+    the console; ``eta``: :meth:`ProgressGrid.run_eta`, seconds left at the mean pace of this process's rounds
+    (with evaluations; None: not known yet)."""
+
+    def fmt(key: str, spec: str = ".4f") -> str:
+        value = row.get(key)
+        return "-" if value is None else format(value, spec)
+
+    _FLOWER.log(
+        logging.INFO,
+        "[round %d/%d] accuracy %s loss %s train_loss %s server_lr %s client_lr %s replies %d/%d "
+        "rejected %d failures %d skipped %d refused %d reassigned %d silent %d %.1fs%s%s",
+        rnd,
+        num_rounds,
+        fmt("accuracy"),
+        fmt("loss"),
+        fmt("train_loss"),
+        fmt("server_lr", ".4g"),
+        fmt("client_lr", ".4g"),
+        row["num_replies"],
+        row["num_selected"],
+        row["num_rejected"],
+        row["num_failures"],
+        row["num_skipped"],
+        row["num_refused"],
+        row["num_reassigned"],
+        row["num_silent"],
+        row["seconds"],
+        pop_text(row) + avg_text(row),
+        f", run ETA {'?' if eta is None else format_duration(eta)}" if rnd < num_rounds else "",
+        extra=TO_FILE,
+    )
+    _FLOWER.log(logging.INFO, "%s", round_line(rnd, num_rounds, row, eta), extra=TO_CONSOLE)
 
 
 def summary_line(program: str, cfg: dict[str, Any], summary: dict[str, Any], wall: float, run_id: Any = None) -> str:
