@@ -60,7 +60,26 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
     console.quiet_job_log(bool(cfg.get("verbose", False)))
     plain = config_lib.to_plain(cfg)
     plain["run_dir"] = config_lib.make_run_dir(plain["run_dir"])
+    if _is_multirun():
+        _claim_for_sweep(plain["run_dir"])
     return plain
+
+
+def _claim_for_sweep(run_dir: str) -> None:
+    """:class:`RunDirShared` when an earlier job of this multirun has ``run_dir`` too (``hydra.sweep.subdir`` without
+    ``hydra.job.num`` or the swept values): the second job would be refused as holding "an earlier run's results", or
+    with ``overwrite=true`` replace the first job's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from server.run.run_lock import RunDirShared
+
+    num = HydraConfig.get().job.num
+    first = SWEEP_RUN_DIRS.setdefault(run_dir, num)
+    if first != num:
+        raise RunDirShared(
+            f"'run_dir': {run_dir} is job {first}'s run_dir too: every job of a multirun needs its own (a "
+            "hydra.sweep.subdir with ${hydra.job.num}, as the default ${hydra.job.num}_seed${seed})"
+        )
 
 
 def record_outcome(run_dir: str, status: str, message: str = "") -> None:
@@ -142,6 +161,7 @@ COMMAND_START: list[float] = []  # the first job's wall time counts from the com
 DIVERGED_JOBS: list[str] = []  # run dirs of the diverged jobs of this multirun
 FAILED_JOBS: list[str] = []  # run dirs of the jobs no node answered (e.g. Ray actors that failed to start)
 INVALID_JOBS: list[str] = []  # run dirs of the multirun's jobs whose config is invalid
+SWEEP_RUN_DIRS: dict[str, int] = {}  # run_dir -> the multirun job that has it
 
 
 def _is_multirun() -> bool:

@@ -41,6 +41,10 @@ class RunDirHoldsResults(RunDirRefused):
     """A fresh run would erase an earlier run's results."""
 
 
+class RunDirShared(RunDirRefused):
+    """Another job of the same multirun writes the same run directory."""
+
+
 class RunDirUnfit(RunDirRefused):
     """An entry of the run directory is not what the run writes under its name (:func:`check_layout`)."""
 

@@ -174,6 +174,27 @@ def test_a_multirun_job_whose_dir_has_an_entry_of_the_wrong_kind_fails_alone_in_
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=stacked"]], ids=["basic", "stacked"])
+def test_multirun_jobs_that_share_a_run_dir_leave_it_to_the_first(tiny_data, tmp_path, launcher):
+    """A hydra.sweep.subdir that gives every job the same folder: with overwrite=true the second job replaced the
+    first's results (without it, it was refused as holding "an earlier run's results", or in a stacked group as
+    "in use by another run": the first job's)."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", *launcher, *sim_args(tiny_data, tmp_path / "unused")[:-1], *IN_PROCESS, "model=logreg"]
+    args += ["seed=0,1", "overwrite=true", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=same"]
+    proc = run_cli("flower-simulation", args)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    same = sweep / "same"
+    assert (
+        f"flower-simulation: {same}: invalid configuration: 'run_dir': {same} is job 0's run_dir too: every job of "
+        "a multirun needs its own"
+    ) in proc.stderr
+    assert json.loads((same / "status.json").read_text())["status"] == "finished"
+    assert json.loads((same / "config.json").read_text())["seed"] == 0  # the first job's results, kept
+    assert "- seed=0" in (same / ".hydra" / "overrides.yaml").read_text()
+
+
+@pytest.mark.e2e
 def test_the_layout_names_every_entry_a_run_writes(tiny_data, tmp_path):
     """The entries :func:`check_layout` checks are those a run writes (plots, the window's mean model, client states
     and checkpoints included); gap.png needs eval_gap (f*), named without a run here."""
