@@ -171,6 +171,41 @@ def load_runs(sweep_dirs: Sequence[Path]) -> list[Run]:
     return runs
 
 
+TIMING = ("seconds", "elapsed")  # metrics columns that differ between identical runs
+
+
+def one_run_per_seed(runs: Sequence[Run]) -> tuple[list[Run], list[tuple[Run, Run]]]:
+    """A configuration's seed counts once: of the runs with the same overrides and seed of which one finished (a job
+    folder copied, a failed job rerun into another sweep folder reported with the first), the finished one is kept
+    and the others are left out; returns the runs kept and (left out, the run kept in its place). ReportError
+    (exit 2): two finished runs of one configuration and seed with different metrics (which is the seed's result?)."""
+    same: dict[Any, list[Run]] = {}
+    for run in runs:
+        params = tuple(sorted((k, normalise(v)) for k, v in run.params.items() if k not in STORAGE_KEYS))
+        same.setdefault((params, run.seed) if run.seed is not None else run.path, []).append(run)
+    kept, left_out = [], []
+    for group in same.values():
+        group.sort(key=lambda r: (r.status != FINISHED, str(r.path)))
+        first = group[0]
+        if first.status != FINISHED:  # none finished: each is listed with its own reason, as before
+            kept += group
+            continue
+        for other in group[1:]:
+            if other.status == FINISHED and _untimed(other.rows) != _untimed(first.rows):
+                seed = int(other.seed) if isinstance(other.seed, float) and other.seed.is_integer() else other.seed
+                raise ReportError(
+                    f"{first.path} and {other.path} are runs of one configuration and seed ({seed}) with "
+                    "different metrics: a seed counts once; move one of them away or report their folders apart"
+                )
+            left_out.append((other, first))
+        kept.append(first)
+    return [r for r in runs if any(r is k for k in kept)], left_out
+
+
+def _untimed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+
+
 def _read_config(path: Path) -> Any:
     """The run's config.json ({} when absent or broken: :func:`load_run` has listed the run as incomplete)."""
     return _json_object(path / "config.json") or {}

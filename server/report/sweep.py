@@ -45,6 +45,7 @@ from server.report.runs import (
     configurations,
     load_runs,
     normalise,
+    one_run_per_seed,
     only,
     swept_keys,
     upto,
@@ -122,6 +123,7 @@ def write_markdown(
     figures: Sequence[str],
     compared: list[str] | None = None,
     extra: list[str] | None = None,
+    duplicates: Sequence[tuple[Run, Run]] = (),
 ) -> None:
     m, k = args.metric, args.last
     lines = [
@@ -166,10 +168,19 @@ def write_markdown(
     lines += extra or []
     lines += compared or []
     bad = [r for r in runs if r.status != FINISHED]
-    if bad:
+    if bad or duplicates:
         lines += ["", "## Runs left out", ""]
         lines += [
             f"- `{r.path}`: {r.status} at round {r.last_round} {('— ' + r.reason) if r.reason else ''}" for r in bad
+        ]
+        lines += [
+            f"- `{r.path}`: the configuration and seed of `{kept.path}`, counted once"
+            + (
+                f" ({r.status} at round {r.last_round}{' — ' + r.reason if r.reason else ''})"
+                if r.status != FINISHED
+                else ""
+            )
+            for r, kept in duplicates
         ]
     lines += [""] + [f"![{name}]({name})" for name in figures]
     path.write_text("\n".join(lines) + "\n")
@@ -183,6 +194,7 @@ def build_report(args: argparse.Namespace) -> list[Path]:
     runs = only(load_runs(args.sweep_dirs), args.only or [])
     if args.upto is not None:
         runs = upto(runs, args.upto)
+    runs, duplicates = one_run_per_seed(runs)
     swept = swept_keys(runs)
     keys = [k for k in swept if k != AVERAGED]
     columns = {c for r in runs for row in r.rows for c, v in row.items() if v is not None}
@@ -254,7 +266,8 @@ def build_report(args: argparse.Namespace) -> list[Path]:
         written.append(out / "compare.csv")
     write_csv(out / "report.csv", configs, keys, metrics, args.last, amp_metric)
     extra = oscillation.markdown(configs, keys, amp_metric, amp_info) if amp_metric else None
-    write_markdown(out / "report.md", args, runs, configs, keys, best, [f.name for f in figures], compared, extra)
+    names = [f.name for f in figures]
+    write_markdown(out / "report.md", args, runs, configs, keys, best, names, compared, extra, duplicates)
     return [out / "report.md", out / "report.csv", *written, *figures]
 
 

@@ -241,10 +241,11 @@ def test_a_report_lists_a_run_with_a_broken_file_as_incomplete_and_goes_on(finis
     sweep = tmp_path / "sweep"
     broken_files = (("good", None), ("cut", "metrics.jsonl"), ("status", "status.json"), ("cfg", "config.json"))
     every = ("every", None)  # every file empty (a copy onto a full disk): its empty config.json was a stack trace
-    for name, broken in (*broken_files, ("over", ".hydra/overrides.yaml"), ("word", None), ("twice", None), every):
+    jobs = (*broken_files, ("over", ".hydra/overrides.yaml"), ("word", None), ("twice", None), every)
+    for seed, (name, broken) in enumerate(jobs, start=1):  # a seed each (not 0, the copied config.json's)
         shutil.copytree(source, sweep / name)
         (sweep / name / ".hydra").mkdir(exist_ok=True)
-        (sweep / name / ".hydra" / "overrides.yaml").write_text(f"- seed={len(name)}\n")
+        (sweep / name / ".hydra" / "overrides.yaml").write_text(f"- seed={seed}\n")
         if broken:
             with open(sweep / name / broken, "a") as f:
                 f.write("{cut")
