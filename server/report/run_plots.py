@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from server.report.metrics import COLUMNS, read_metrics
+from server.report.runs import STORAGE_KEYS, untimed
 from server.run.errors import ConfigError, make_dir
 from server.run.hydra_config import MISSING, config_value
 
@@ -199,6 +200,55 @@ def _legend_labels(labels: Sequence[str]) -> dict[str, str]:
     return {label: ", ".join(f"{k.rsplit('.', 1)[-1]}={p[k]}" for k in varying) for label, p in zip(labels, parts)}
 
 
+def one_run_per_seed(run_dirs: Sequence[Path]) -> tuple[list[Path], int]:
+    """Each configuration and seed once (the same config.json but where the run is stored): a copied run would
+    count twice in its curve's mean and n. Of runs whose metrics agree (one's rows may stop early: killed) the
+    longest is kept; returns the runs kept and how many were left out. ValueError: two runs of one configuration and
+    seed with different metrics."""
+    kept: dict[str, tuple[Path, list[dict[str, Any]]]] = {}
+    out: list[Path] = []
+    for run_dir in run_dirs:
+        identity = _identity(run_dir)
+        if identity is None:
+            out.append(run_dir)
+            continue
+        rows = untimed(read_metrics(run_dir))
+        if identity not in kept:
+            kept[identity] = (run_dir, rows)
+            continue
+        first, first_rows = kept[identity]
+        shorter, longer = sorted((first_rows, rows), key=len)
+        if longer[: len(shorter)] != shorter:
+            raise ValueError(
+                f"{first} and {run_dir} are runs of one configuration and seed with different metrics: a seed counts "
+                "once; give one of them"
+            )
+        if len(rows) > len(first_rows):
+            kept[identity] = (run_dir, rows)
+    chosen = {path for path, _ in kept.values()}
+    out += [run_dir for run_dir in run_dirs if run_dir in chosen]
+    order = {run_dir: i for i, run_dir in enumerate(run_dirs)}
+    return sorted(out, key=order.__getitem__), len(run_dirs) - len(out)
+
+
+def _identity(run_dir: Path) -> str | None:
+    """The run's config.json without where it is stored (None without a readable one)."""
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    for dotted in STORAGE_KEYS:
+        *parents, leaf = dotted.split(".")
+        node = cfg
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return json.dumps(cfg, sort_keys=True)
+
+
 def plot_runs(
     run_dirs: Sequence[Path | str],
     out: Path | str,
@@ -271,12 +321,15 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
         runs += [path] if (path / "metrics.jsonl").exists() else sorted(p.parent for p in path.glob("*/metrics.jsonl"))
     runs = list({run.resolve(): run for run in runs}.values())  # each run once, however many arguments name it
     try:
+        runs, copies = one_run_per_seed(runs)
         out, used = plot_runs(
             runs, out_path, args.group_by or GROUP_BY, args.title, args.metric, args.log, args.group_by
         )
     except ValueError as err:
         parser.error(str(err))
     left = f" ({len(runs) - used} without {args.metric} rows left out)" if used < len(runs) else ""
+    if copies:
+        left += f" ({copies} {'copy' if copies == 1 else 'copies'} of a run of one configuration and seed left out)"
     print(f"wrote {out} and {out.with_suffix('.json')} from {used} runs{left}")
 
 

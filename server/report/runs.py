@@ -191,7 +191,7 @@ def one_run_per_seed(runs: Sequence[Run]) -> tuple[list[Run], list[tuple[Run, Ru
             kept += group
             continue
         for other in group[1:]:
-            if other.status == FINISHED and _untimed(other.rows) != _untimed(first.rows):
+            if other.status == FINISHED and untimed(other.rows) != untimed(first.rows):
                 seed = int(other.seed) if isinstance(other.seed, float) and other.seed.is_integer() else other.seed
                 raise ReportError(
                     f"{first.path} and {other.path} are runs of one configuration and seed ({seed}) with "
@@ -202,7 +202,8 @@ def one_run_per_seed(runs: Sequence[Run]) -> tuple[list[Run], list[tuple[Run, Ru
     return [r for r in runs if any(r is k for k in kept)], left_out
 
 
-def _untimed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def untimed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` without the columns of :data:`TIMING` (what identical runs share)."""
     return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
 
 

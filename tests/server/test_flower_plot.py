@@ -132,3 +132,24 @@ def test_the_count_says_how_many_runs_the_curves_hold(tmp_path, capsys):
     assert capsys.readouterr().out.strip().endswith("from 1 runs (1 without client_lr rows left out)")
     plot_main([str(tmp_path / "r0"), "--metric", "client_lr", "--group-by", "strategy.name", "--out", str(out)])
     assert capsys.readouterr().out.strip().endswith(" from 1 runs")
+
+
+def test_a_copy_of_a_run_counts_once_and_a_killed_one_gives_way(tmp_path, capsys):
+    """A copied run (or one killed early and run again elsewhere) counted twice in its curve's mean and n."""
+    import shutil
+
+    write_run(tmp_path / "a0", "a", 0, [1.0, 0.5, 0.25])
+    write_run(tmp_path / "a1", "a", 1, [1.0, 0.3, 0.1])
+    shutil.copytree(tmp_path / "a0", tmp_path / "a0_copy")
+    write_run(tmp_path / "a1_killed", "a", 1, [1.0, 0.3])  # the same run, killed after round 2
+    out = tmp_path / "lr.png"
+    plot_main([str(tmp_path), "--metric", "client_lr", "--group-by", "strategy.name", "--out", str(out)])
+    curve = json.loads(out.with_suffix(".json").read_text())["strategy.name=a"]
+    assert curve["runs"] == 2 and curve["round"] == [1, 2, 3]  # the killed run's rounds do not cut the curve
+    np.testing.assert_allclose(curve["mean"], [1.0, 0.4, 0.175])
+    assert "from 2 runs (2 copies of a run of one configuration and seed left out)" in capsys.readouterr().out
+    write_run(tmp_path / "a1_other", "a", 1, [1.0, 0.9, 0.8])  # seed 1 again, other results: which is seed 1?
+    with pytest.raises(SystemExit) as stop:
+        plot_main([str(tmp_path), "--metric", "client_lr", "--out", str(out)])
+    assert stop.value.code == 2
+    assert "are runs of one configuration and seed with different metrics" in capsys.readouterr().err
