@@ -160,6 +160,7 @@ def test_an_entry_of_the_wrong_kind_in_the_run_dir_is_one_line_before_any_work(t
     assert sorted(p.name for p in run_dir.iterdir()) == sorted([*before, "cli.log"])  # nothing but Hydra's log
 
 
+@pytest.mark.e2e
 def test_a_multirun_job_whose_dir_has_an_entry_of_the_wrong_kind_fails_alone_in_one_line(tiny_data, tmp_path):
     """The job's refusal wrote the reason into its status.json, here a folder: a stack trace ended the sweep."""
     sweep = tmp_path / "sweep"
