@@ -33,7 +33,7 @@ from server.deploy import ownership
 from server.deploy.app_stage import stage_app
 from server.deploy.federation import LOOPBACK, DeployError, Federation, FederationOptions, RunResult
 from server.run import config as config_lib
-from server.run import console, hydra_errors, procs
+from server.run import console, hydra_errors, procs, run_lock
 from server.run import help as cli_help
 from server.run.errors import first_line
 from server.run.hydra_config import save_job_record
@@ -342,6 +342,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         plain = config_lib.to_plain(cfg)
         plain["run_dir"] = config_lib.make_run_dir(plain["run_dir"])
+        run_lock.check_layout(plain["run_dir"], folders=("deploy",))  # the deployment's app, logs and state
         result = deploy(plain, on_line=lambda line: print(line, flush=True), on_valid=lambda: save_job_record(cfg))
     except config_lib.ConfigError as err:
         print(f"flower-deploy: invalid configuration: {err}", file=sys.stderr)

@@ -90,12 +90,12 @@ def check_free(run_dir: Path | str) -> None:
         pass
 
 
-def check_layout(run_dir: Path | str) -> None:
+def check_layout(run_dir: Path | str, folders: tuple[str, ...] = ()) -> None:
     """:class:`RunDirUnfit` naming the first entry of ``run_dir`` that is not what the run writes
     under its name (a folder where a file of :data:`RUN_FILES` goes, a file where a folder of :data:`RUN_FOLDERS`
-    goes): the run would stop there with a stack trace, at its start or hours later."""
+    or of a command's ``folders`` goes): the run would stop there with a stack trace, at its start or hours later."""
     root = Path(run_dir)
-    for names, kind, is_kind in ((RUN_FILES, "file", Path.is_file), (RUN_FOLDERS, "folder", Path.is_dir)):
+    for names, kind, is_kind in ((RUN_FILES, "file", Path.is_file), (RUN_FOLDERS + folders, "folder", Path.is_dir)):
         for name in names:
             path = root / name
             if (path.exists() or path.is_symlink()) and not is_kind(path):

@@ -109,6 +109,20 @@ def test_an_image_that_cannot_be_decoded_is_one_line_before_any_process(tmp_path
     assert not (run_dir / "deploy").exists()
 
 
+def test_a_file_where_the_deployment_writes_its_folder_is_one_line_before_any_process(tmp_path, deploy_data):
+    """It was "cannot pack <the project> as a Flower app: Not a directory: <run_dir>/deploy/app"."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "deploy").write_text("")
+    proc = run_cli("flower-deploy", overrides(deploy_data, run_dir), timeout=60)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]  # stderr comes with stdout here
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout
+    assert lines[0] == (
+        f"flower-deploy: invalid configuration: 'run_dir': {run_dir / 'deploy'} is not a folder, and the run writes "
+        "its deploy there: move it away or choose another run_dir"
+    )
+
+
 @pytest.mark.parametrize(
     "node_config, message",
     [
