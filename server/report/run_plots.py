@@ -200,35 +200,34 @@ def _legend_labels(labels: Sequence[str]) -> dict[str, str]:
     return {label: ", ".join(f"{k.rsplit('.', 1)[-1]}={p[k]}" for k in varying) for label, p in zip(labels, parts)}
 
 
-def one_run_per_seed(run_dirs: Sequence[Path]) -> tuple[list[Path], int]:
-    """Each configuration and seed once (the same config.json but where the run is stored): a copied run would
-    count twice in its curve's mean and n. Of runs whose metrics agree (one's rows may stop early: killed) the
-    longest is kept; returns the runs kept and how many were left out. ValueError: two runs of one configuration and
-    seed with different metrics."""
-    kept: dict[str, tuple[Path, list[dict[str, Any]]]] = {}
-    out: list[Path] = []
+def distinct_runs(run_dirs: Sequence[Path]) -> tuple[list[Path], int]:
+    """Each configuration and seed once (the same config.json but where the run is stored; the report's rule,
+    :func:`server.report.runs.one_run_per_seed`, on run directories): a copied run would count twice in its curve's
+    mean and n. Of runs whose metrics agree (one's rows may stop early: killed) the longest is kept; returns the runs
+    kept, in the given order, and how many were left out. ValueError: two runs of one configuration and seed with
+    different metrics. Metrics are read only for runs whose configuration and seed another run has."""
+    kept: dict[str, Path] = {}
+    no_config: list[Path] = []
     for run_dir in run_dirs:
         identity = _identity(run_dir)
         if identity is None:
-            out.append(run_dir)
-            continue
-        rows = untimed(read_metrics(run_dir))
-        if identity not in kept:
-            kept[identity] = (run_dir, rows)
-            continue
-        first, first_rows = kept[identity]
-        shorter, longer = sorted((first_rows, rows), key=len)
-        if longer[: len(shorter)] != shorter:
-            raise ValueError(
-                f"{first} and {run_dir} are runs of one configuration and seed with different metrics: a seed counts "
-                "once; give one of them"
-            )
-        if len(rows) > len(first_rows):
-            kept[identity] = (run_dir, rows)
-    chosen = {path for path, _ in kept.values()}
-    out += [run_dir for run_dir in run_dirs if run_dir in chosen]
-    order = {run_dir: i for i, run_dir in enumerate(run_dirs)}
-    return sorted(out, key=order.__getitem__), len(run_dirs) - len(out)
+            no_config.append(run_dir)
+        elif identity not in kept:
+            kept[identity] = run_dir
+        else:
+            first = kept[identity]
+            first_rows, rows = untimed(read_metrics(first)), untimed(read_metrics(run_dir))
+            shorter, longer = sorted((first_rows, rows), key=len)
+            if longer[: len(shorter)] != shorter:
+                raise ValueError(
+                    f"{first} and {run_dir} are runs of one configuration and seed with different metrics: a seed "
+                    "counts once; give one of them"
+                )
+            if len(rows) > len(first_rows):
+                kept[identity] = run_dir
+    chosen = {*kept.values(), *no_config}
+    out = [run_dir for run_dir in run_dirs if run_dir in chosen]
+    return out, len(run_dirs) - len(out)
 
 
 def _identity(run_dir: Path) -> str | None:
@@ -321,7 +320,7 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
         runs += [path] if (path / "metrics.jsonl").exists() else sorted(p.parent for p in path.glob("*/metrics.jsonl"))
     runs = list({run.resolve(): run for run in runs}.values())  # each run once, however many arguments name it
     try:
-        runs, copies = one_run_per_seed(runs)
+        runs, copies = distinct_runs(runs)
         out, used = plot_runs(
             runs, out_path, args.group_by or GROUP_BY, args.title, args.metric, args.log, args.group_by
         )

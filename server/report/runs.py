@@ -199,7 +199,8 @@ def one_run_per_seed(runs: Sequence[Run]) -> tuple[list[Run], list[tuple[Run, Ru
                 )
             left_out.append((other, first))
         kept.append(first)
-    return [r for r in runs if any(r is k for k in kept)], left_out
+    kept_ids = {id(r) for r in kept}
+    return [r for r in runs if id(r) in kept_ids], left_out
 
 
 def untimed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
