@@ -68,7 +68,7 @@ def test_limit_cycle_matches_the_closed_form_and_is_linear_in_G():
 
 
 def test_flower_theory_ghbm_writes_every_output(tmp_path, capsys):
-    assert main(["ghbm", "--T", "2000", "--out", str(tmp_path)]) == 0
+    assert main(["ghbm", "--T", "10000", "--out", str(tmp_path)]) == 0
     for name in ("ghbm.md", "ghbm.json", "ghbm.png", "ghbm_table1.csv", "ghbm_limit_cycle.csv", "ghbm_rates.csv"):
         assert (tmp_path / name).stat().st_size > 0, name
     payload = json.loads((tmp_path / "ghbm.json").read_text())

@@ -80,8 +80,9 @@ def run_localupdate(
         return fm.weighted_mean([[q[:, k]] for k in range(pop.A.size)], pop.probs)[0]
 
     # curvature of the mean update, measured through the client code itself (the update is affine in x)
-    curvature = mean_update(np.ones(gammas.size)) - mean_update(np.zeros(gammas.size))
-    if np.any(curvature <= 0):
+    with np.errstate(over="ignore", invalid="ignore"):  # a gamma so large that it overflows is refused below
+        curvature = mean_update(np.ones(gammas.size)) - mean_update(np.zeros(gammas.size))
+    if not np.all((curvature > 0) & np.isfinite(curvature)):
         raise ValueError(
             "E[Q_i A_i] <= 0 for this (gamma, Theta): the surrogate loss has no minimizer "
             "and LocalUpdate diverges; use a smaller --gamma"
