@@ -350,11 +350,16 @@ def fedopt_server_update(
 
     x_t = x_{t-1} - eta_t m_t / (sqrt(v_t) + tau) (Reddi et al. Algorithm 2, with Delta_t taken as a gradient:
     theta^{t-1} - mean theta_i for model replies, mean q_i for LocalUpdate, paper 2 Section 8.4). Start from
-    m = v = 0 (as Flower does). Equals Flower's FedAdagrad / FedAdam / FedYogi, whose delta is -Delta_t.
+    m = v = 0 (as Flower does). Equals Flower's FedAdagrad / FedAdam / FedYogi, whose delta is -Delta_t. x_t keeps
+    x_{t-1}'s dtype (Adam's bias-corrected eta is a float64 scalar, which would make a float32 model float64).
     """
     m = fedopt_first_moment(m, grad, config.beta_1)
     v = fedopt_second_moment(v, grad, config.name, config.beta_2)
     lr = server_lr
     if config.name == "adam" and config.bias_correction:
         lr = adam_bias_corrected_lr(server_lr, config.beta_1, config.beta_2, server_round)
-    return [x - lr * mi / (np.sqrt(vi) + config.tau) for x, mi, vi in zip(model, m, v)], m, v
+    new = [
+        np.asarray(x - lr * mi / (np.sqrt(vi) + config.tau), dtype=np.asarray(x).dtype)
+        for x, mi, vi in zip(model, m, v)
+    ]
+    return new, m, v

@@ -5,7 +5,7 @@ import random
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedYogi
 from test_flower_strategies import NodeList, initial_record, replies_for, run_rounds, task_identity  # noqa: F401
 
@@ -40,6 +40,30 @@ def test_defaults_are_flowers(name):
     flower = FLOWER[name]()
     assert s.server_optimizer.tau == flower.tau
     assert (s.server_optimizer.beta_1, s.server_optimizer.beta_2) == (flower.beta_1, flower.beta_2)
+
+
+@pytest.mark.parametrize("name", ["yogi", "adam", "adagrad"])
+@pytest.mark.parametrize("strategy", [FedAvgM, LocalUpdate])
+def test_a_float32_model_stays_float32_and_its_replies_are_accepted(strategy, name):
+    """Adam's bias-corrected eta is a float64 scalar: it made a float32 model float64 after round 1, and from round
+    2 on every float32 reply was rejected for its dtype (the model then never moved again)."""
+    grid = NodeList([1, 2, 3])
+    kwargs = dict(server_lr=0.05, client_lr=0.1, server_optimizer=name)
+    s = strategy(**kwargs, momentum=0.0) if strategy is FedAvgM else strategy(**kwargs, theta="fedavg")
+    arrays = ArrayRecord({k: Array(v.numpy().astype(np.float32)) for k, v in initial_record().items()})
+    for t in (1, 2, 3):
+        msgs = list(s.configure_train(t, arrays, ConfigRecord(), grid))
+        replies = []
+        for reply in replies_for(msgs, t):
+            record = reply.content["arrays"]
+            reply.content["arrays"] = ArrayRecord({k: Array(v.numpy().astype(np.float32)) for k, v in record.items()})
+            replies.append(reply)
+        before = arrays.to_numpy_ndarrays()
+        arrays, metrics = s.aggregate_train(t, replies)
+        assert metrics["num-rejected"] == 0, t
+        after = arrays.to_numpy_ndarrays()
+        assert all(a.dtype == np.float32 for a in after) and all(a.dtype == np.float32 for a in s.model)
+        assert any(np.any(a != b) for a, b in zip(after, before)), t
 
 
 def test_adam_without_bias_correction_is_reddi_algorithm_2_by_hand():
