@@ -390,6 +390,14 @@ def _validate_natural(cfg: dict[str, Any], check_paths: bool) -> bool:
     if name not in NATURAL_DATASETS:
         if cfg.get("num_clients") == "all":
             raise ConfigError(f"'num_clients': 'all' needs a naturally partitioned data.name {NATURAL_DATASETS}")
+        model = _require(cfg, "model.name")
+        if model in MODEL_OUTPUTS:  # a task model's outputs are its task's (classes, characters, words)
+            task = next(k for k, v in TASK_MODEL.items() if v == model)
+            image_models = tuple(m for m in MODELS if m not in MODEL_OUTPUTS)
+            raise ConfigError(
+                f"'model.name': model={model} is the model of data={task}; data={name} is trained with one of "
+                f"{image_models}"
+            )
         return False
     data, model = cfg["data"], _require(cfg, "model.name")
     if model != TASK_MODEL[name]:
