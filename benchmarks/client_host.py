@@ -52,7 +52,7 @@ def _run(out: Path, tag: str, model: str, rounds: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet20")
+    parser.add_argument("--model", default="resnet20", choices=("resnet20", "cnn", "logreg"))
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args(argv)
     if args.rounds < 1:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -39,6 +40,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="local epochs per measured client")
     parser.add_argument("--clients", type=int, default=3, help="clients (500 images each) per model")
     args = parser.parse_args()
+    if min(args.threads, args.epochs, args.clients) < 1:
+        parser.error("--threads, --epochs and --clients must be >= 1")
+    if not Path(args.source).exists():
+        parser.error(f"--source: no CIFAR-10 folder or .tar.gz at {args.source}")
     torch.set_num_threads(args.threads)
     out: dict[str, float] = {}
     cache = tempfile.mkdtemp(prefix="fm-bench-")

@@ -32,6 +32,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    if min(args.examples, args.steps, args.batch, args.repeats) < 1:
+        parser.error("--examples, --steps, --batch and --repeats must be >= 1")
+    if not args.data.exists():
+        parser.error(f"--data: no CIFAR-10 folder or .tar.gz at {args.data}")
     torch.set_num_threads(1)
     ds = load_dataset("cifar10_folder", args.data.resolve(), args.cache)
     x, y = np.array(ds.x_train[: args.examples]), np.array(ds.y_train[: args.examples])  # as a client holds them

@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20, help="aggregations timed")
     args = parser.parse_args()
+    if min(args.clients, args.examples, args.threads, args.repeats) < 1:
+        parser.error("--clients, --examples, --threads and --repeats must be >= 1")
     torch.set_num_threads(args.threads)
     set_task_identity(task_id=1, run_id=1, node_id=1)  # Messages outside a Flower run
     logging.getLogger("flwr").setLevel(logging.WARNING)
