@@ -33,7 +33,7 @@ from server.report.run_plots import plot_run
 from server.run import checkpoint, console, strategy_factory
 from server.run.config import RunConfig
 from server.run.data import server_dataset, train_size
-from server.run.errors import STORAGE_ERRNOS, ConfigError
+from server.run.errors import STORAGE_ERRNOS, ConfigError, RunStopped, first_line
 from server.run.evaluator import Evaluator
 from server.run.messages import train_record
 from server.run.partitions import save_partition_summary
@@ -75,11 +75,36 @@ def run_experiment(
             return _run_logged(run, grid, thread_log)
         except OSError as err:  # a full disk, ...: RunStorageError naming what is kept (in status.json too, if it can)
             if err.errno not in STORAGE_ERRNOS:
+                _mark_crashed(run, err)
                 raise
             stopped, last = checkpoint.storage_failure(run.run_dir, err)
             with contextlib.suppress(OSError):
                 write_status(run.run_dir, "failed", last, str(stopped))
             raise stopped from None
+        except Exception as err:
+            _mark_crashed(run, err)
+            raise
+
+
+def _mark_crashed(run: Run, err: Exception) -> None:
+    """status.json ``failed`` with ``crashed: <type>: <message>`` for an error no part of the run accounted for (it
+    said ``running`` for ever: a report took the run for one still going); a status the run wrote (diverged, failed),
+    a stopped run's ``running`` and the files of a run refused as configured (:class:`ConfigError`, e.g. a resume
+    that is not the checkpoint's) stay."""
+    if isinstance(err, RunStopped | ConfigError):
+        return
+    try:
+        status = json.loads((run.run_dir / "status.json").read_text()).get("status")
+    except FileNotFoundError:
+        status = None
+    except (OSError, ValueError, AttributeError):
+        return
+    if status not in (None, "running"):
+        return
+    rows = run.writer.rows if run.writer is not None else []
+    last = rows[-1]["round"] if rows else written_round(run.run_dir)
+    with contextlib.suppress(OSError):
+        write_status(run.run_dir, "failed", last, f"crashed: {type(err).__name__}: {first_line(err)}")
 
 
 def _run_logged(run: Run, grid: Grid, thread_log: bool) -> dict[str, Any]:
@@ -313,7 +338,8 @@ class Run:
 
 def write_status(run_dir: Path, status: str, last_round: int, reason: str = "") -> None:
     """status.json: "running" (also what a killed run leaves), "diverged" (exit 3, with the reason),
-    "failed" (no node answered, an invalid configuration or a checkpoint that cannot be read; with the reason) or
+    "failed" (no node answered, an invalid configuration, a checkpoint that cannot be read or an error nothing
+    accounted for, "crashed: ..."; with the reason) or
     "finished"; ``round`` = the last round whose metrics were written. ``flower-report`` reads it."""
     record = {"status": status, "round": last_round, "reason": reason}
     (run_dir / "status.json").write_text(json.dumps(record))

@@ -15,6 +15,11 @@ class RunStorageError(RuntimeError):
     wrote is kept and ``resume=true`` continues from its last checkpoint once there is room."""
 
 
+class RunStopped(RuntimeError):
+    """The run was stopped from outside (its stacked group was stopped): it is resumable, and status.json keeps
+    saying ``running``, as for a killed run."""
+
+
 # the errors of storage that is full or cannot be written (not of a missing or unreadable file): no space, a quota, a
 # read-only file system, a file past the size the file system or the process allows
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})

@@ -36,10 +36,11 @@ from flwr.app import Message
 from client.chunk import SHARED_FIELDS
 from server.batched.grid import BatchedGrid, StackedEntry, fitting_results, store_fitted
 from server.batched.memory import smaller_chunks
+from server.run.errors import RunStopped
 from server.run.evaluator import Evaluator, metrics_of_many
 
 
-class GroupStopped(RuntimeError):
+class GroupStopped(RunStopped):
     """The group was stopped while this job waited for its round (another job failed the group, or a signal)."""
 
 

@@ -13,6 +13,7 @@ from test_batched_engine import make_cfg
 from server.batched.grid import NODE_BASE, BatchedGrid
 from server.report.metrics import read_metrics
 from server.run.app import run_experiment
+from server.run.evaluator import Evaluator
 
 NUM_HONEST = 4
 NUM_NODES = NUM_HONEST + len(broken_app.BROKEN_KINDS)
@@ -236,3 +237,31 @@ def test_a_train_request_whose_arrays_the_model_cannot_take_gets_an_error_reply_
     assert not replies[0].has_error() and not replies[2].has_error() and grid.stacked_rounds == 1
     assert handled == [NODE_BASE + 1]  # only the refused request went to its handler
     assert replies[0].content[P.METRICS][P.NUM_STEPS] > 0
+
+
+class CrashingEvaluator(Evaluator):
+    """A real evaluator whose third evaluation (round 2's) raises, as a bug or an out-of-memory would."""
+
+    calls = 0
+
+    def metrics(self, arrays, population=None):
+        type(self).calls += 1
+        if type(self).calls == 3:
+            raise RuntimeError("evaluation crashed\nits second line")
+        return super().metrics(arrays, population)
+
+
+def test_an_error_the_run_does_not_account_for_marks_it_failed_and_it_resumes(tiny_data, tmp_path):
+    """status.json said ``running`` for ever after an unexpected error (a report took the run for one still going):
+    now ``failed``, ``crashed: <type>: <first line>``, at the last round written; ``resume=true`` finishes it."""
+    cfg = make_cfg(tiny_data, tmp_path / "run", "model=logreg", "engine=batched")
+    CrashingEvaluator.calls = 0
+    with pytest.raises(RuntimeError, match="evaluation crashed"):
+        run_experiment(BatchedGrid(4), cfg, cfg["run_dir"], evaluator=CrashingEvaluator)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status == {"status": "failed", "round": 1, "reason": "crashed: RuntimeError: evaluation crashed"}
+    assert [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1]
+    resumed = make_cfg(tiny_data, tmp_path / "run", "model=logreg", "engine=batched", "resume=true")
+    run_experiment(BatchedGrid(4), resumed, resumed["run_dir"])
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "finished"
+    assert [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2, 3]
