@@ -92,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true", help="run the pipeline on CPU (no device checks)")
     parser.add_argument("--convex-rounds", type=int, default=1000, help="rounds of the convex run on CUDA (0: none)")
     args = parser.parse_args(argv)
-    if args.rounds < 2 or args.convex_rounds < 0 or args.budget <= 0 or any(s < 0 for s in args.shares or []):
+    bad_shares = any(not s >= 0 for s in args.shares or [])  # nan too
+    if args.rounds < 2 or args.convex_rounds < 0 or args.budget <= 0 or bad_shares or args.generated_per_class < 1:
         parser.error(
-            "--rounds must be >= 2 (round 1 pays the start-up), --convex-rounds >= 0, --budget > 0 and --shares >= 0"
+            "--rounds must be >= 2 (round 1 pays the start-up), --convex-rounds >= 0, --budget > 0, --shares >= 0 "
+            "and --generated-per-class >= 1"
         )
 
     import torch

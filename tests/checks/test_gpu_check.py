@@ -39,7 +39,15 @@ def test_without_cuda_it_says_it_skipped_and_exits_0(script, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args", [["--convex-rounds", "-1"], ["--rounds", "1"], ["--budget", "0"], ["--shares", "-0.5"]]
+    "args",
+    [
+        ["--convex-rounds", "-1"],
+        ["--rounds", "1"],
+        ["--budget", "0"],
+        ["--shares", "-0.5"],
+        ["--shares", "nan"],
+        ["--generated-per-class", "0"],  # a stack trace after the start (no images to decode)
+    ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(args, tmp_path):
     proc = _run(*args, "--out", tmp_path / "out")
