@@ -50,6 +50,7 @@ class ServerOptStrategy(FedAvg):
         client_manager: PartitionClientManager | None = None,
         max_update_norm: float | None = None,
         max_num_examples: float | None = None,
+        weighting: str = "examples",
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
@@ -69,6 +70,8 @@ class ServerOptStrategy(FedAvg):
         self.client_manager = client_manager
         self.max_update_norm = validation.check_cap(max_update_norm, "max_update_norm")
         self.max_num_examples = validation.check_cap(max_num_examples, "max_num_examples")
+        fm.client_weights([], weighting)  # checks the name
+        self.weighting = weighting
         self.keys: list[str] | None = None
         self.model: list[np.ndarray] | None = None
         self.prev_model: list[np.ndarray] | None = None
@@ -251,7 +254,7 @@ class ServerOptStrategy(FedAvg):
         client_lr = self.current_client_lr(server_round)
         metrics: dict[str, Any] = {}  # the round's MetricRecord, built once at the end (records.metric_record)
         if accepted:
-            weights = [c.weight for c in accepted]
+            weights = fm.client_weights([c.weight for c in accepted], self.weighting)
             metrics = validation.aggregate_metrics([c.metrics for c in accepted], weights)
             pseudo_gradient = self._server_update(server_round, [c.arrays for c in accepted], weights)
             metrics[protocol.UPDATE_NORM] = fm.l2_norm(pseudo_gradient)

@@ -54,6 +54,10 @@ class FedAvgM(AdaptiveServerStrategy):
         Reject replies whose update (theta^{t-1} - theta_i, or q) has a larger L2 norm (None = no cap).
     max_num_examples : float, optional
         Reject replies that claim a larger weight ``num-examples`` (None = no cap).
+    weighting : str
+        "examples" (each reply weighted by its ``num-examples``, FedAvg's rule) or "uniform" (the plain average of
+        the accepted replies, paper 2 Algorithm 1): :func:`strategies.math.client_weights`. The round's client
+        means (train loss, loss-before) use the same weights.
     server_optimizer, beta_1, beta_2, tau, bias_correction
         Adam / Adagrad / Yogi on Delta^t instead of the heavy-ball step (needs ``momentum=0``); with the same
         knobs it equals Flower's FedAdam / FedAdagrad / FedYogi(eta=server_lr). See
@@ -110,7 +114,8 @@ class LocalUpdate(AdaptiveServerStrategy):
     """LocalUpdate with decoupled client lr gamma and server lr eta (paper 2 Algorithms 1-2).
 
     Each client runs K mini-batch SGD steps with lr gamma and replies, in the ArrayRecord
-    "arrays", q = sum_k Theta_k g_k; the server steps x <- x - eta_t * mean_i q_i.
+    "arrays", q = sum_k Theta_k g_k; the server steps x <- x - eta_t * mean_i q_i (``weighting="uniform"``: the
+    plain mean of paper 2; the default weights each q_i by its client's examples).
     Theta_{1:K} with gamma = eta is FedAvg model averaging (paper 2 Appendix A);
     gamma = 0 is mini-batch SGD with summed gradients.
 

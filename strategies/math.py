@@ -59,11 +59,25 @@ def check_lr(lr: Any, name: str, allow_zero: bool = True) -> None:
 
 
 # --------------------------------------------------------------------------- aggregation
+WEIGHTINGS = ("examples", "uniform")
+
+
+def client_weights(num_examples: Sequence[float], weighting: str = "examples") -> list[float]:
+    """The weights of the accepted clients' contributions to the server average.
+
+    "examples": n_i (FedAvg's n_k / n, McMahan et al.; paper 1's clients hold equal shares); "uniform": 1 each, the
+    plain average of the sampled clients' updates of paper 2 Algorithm 1, an unbiased estimate under P uniform over
+    clients (paper 2 Eq. 2, the population loss f the runs report as ``pop_loss``).
+    """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    return [float(n) for n in num_examples] if weighting == "examples" else [1.0] * len(num_examples)
+
+
 def weighted_mean(per_client: Sequence[Params], weights: Sequence[float]) -> Params:
     """Example-weighted mean of the clients' arrays, layer by layer.
 
-    The server average of paper 1 Eq. 92/102 and of paper 2 Algorithm 1
-    (weights = number of examples; equal weights give the plain mean).
+    The server average of paper 1 Eq. 92/102 and of paper 2 Algorithm 1 (weights: :func:`client_weights`).
     """
     total = float(sum(weights))
     if total <= 0.0:

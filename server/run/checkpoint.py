@@ -152,7 +152,7 @@ RESUME_KEYS = (
     "data.alpha",
 )
 # strategy keys added after runs were checkpointed, with the value those runs had (a checkpoint without them resumes)
-LATER_STRATEGY_KEYS = {"client_lr_schedule": "constant", "client_schedule_param": 1.0}
+LATER_STRATEGY_KEYS = {"client_lr_schedule": "constant", "client_schedule_param": 1.0, "weighting": "examples"}
 
 
 class ResumeRefused(RunDirRefused):

@@ -52,6 +52,7 @@ def build_strategy(cfg: Mapping[str, Any], num_train: int | None = None) -> Serv
         client_manager=manager,
         max_update_norm=cfg.get("trust", {}).get("max_update_norm"),
         max_num_examples=max_num_examples(cfg, num_train),
+        weighting=s.get("weighting", "examples"),
         fraction_evaluate=0.0,
         min_available_nodes=1,
         min_train_nodes=1,

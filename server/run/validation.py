@@ -158,6 +158,7 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
         s.get("client_schedule_param", 1.0),
         "client_lr_schedule",
     )
+    _check("strategy.weighting", fm.client_weights, [], s.get("weighting", "examples"))
     _validate_server_optimizer(cfg)
     if spec.group_check is not None:
         _check("strategy", spec.group_check, *[_require(cfg, f"strategy.{k}") for k in spec.group_keys])

@@ -122,6 +122,7 @@ def test_every_method_preset_validates(method, tiny_data):
         (["strategy=ghbm", "strategy.momentum=[0.5]"], "strategy.momentum"),
         (["strategy=localupdate_decay", "strategy.min_delta=abc"], "min_delta"),
         (["strategy.server_optimizer=adam", "strategy.beta_1=abc"], "strategy.beta_1"),
+        (["strategy.weighting=sizes"], "strategy.weighting"),
         # a paper-2 task's model on CIFAR-10: a traceback after the run started (its outputs are the task's)
         (["model=resnet18"], "'model.name': model=resnet18 is the model of data=cifar100"),
         (["model=char_lstm"], "'model.name': model=char_lstm is the model of data=shakespeare"),

@@ -228,3 +228,43 @@ def test_the_model_is_encoded_once_per_model_and_the_round_config_is_a_copy():
     arrays2, _ = s.aggregate_train(2, replies_for(msgs2, 2))
     assert arrays2 is not arrays and not np.array_equal(arrays2["w"].numpy(), arrays["w"].numpy())
     np.testing.assert_array_equal(arrays2["w"].numpy(), s.model[s.keys.index("w")])
+
+
+@pytest.mark.parametrize("weighting", ["examples", "uniform"])
+@pytest.mark.parametrize("strategy", ["fedavgm", "localupdate"])
+def test_weighting_sets_the_server_average_and_the_round_means(strategy, weighting):
+    """``examples``: each reply by its num-examples (FedAvg); ``uniform``: the plain mean of paper 2 Algorithm 1.
+    The round's client means (loss-before) use the same weights."""
+    grid = NodeList([1, 2, 3])
+    common = dict(server_lr=1.0, client_lr=0.1, weighting=weighting)
+    s = FedAvgM(momentum=0.0, **common) if strategy == "fedavgm" else LocalUpdate(theta="fedavg", **common)
+    arrays = initial_record()
+    msgs = list(s.configure_train(1, arrays, ConfigRecord(), grid))
+    replies, sent, sizes, losses = [], [], [], []
+    for m in msgs:
+        node = m.metadata.dst_node_id
+        values = [np.full_like(a, float(node)) for a in m.content["arrays"].to_numpy_ndarrays()]
+        sent.append(values)
+        sizes.append(10.0 * node**2)
+        losses.append(float(node))
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(v) for k, v in zip(m.content["arrays"].keys(), values)}),
+                "metrics": MetricRecord({"num-examples": sizes[-1], "loss-before": losses[-1]}),
+            }
+        )
+        replies.append(Message(content, reply_to=m))
+    new, metrics = s.aggregate_train(1, replies)
+    w = np.array(sizes) if weighting == "examples" else np.ones(len(sizes))
+    w = w / w.sum()
+    mean = [sum(wi * v[k] for wi, v in zip(w, sent)) for k in range(len(sent[0]))]
+    x = arrays.to_numpy_ndarrays()
+    want = mean if strategy == "fedavgm" else [a - q for a, q in zip(x, mean)]  # eta = 1: x - mean q
+    for got, exp in zip(new.to_numpy_ndarrays(), want):
+        np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-12)
+    assert metrics[protocol.LOSS_BEFORE] == pytest.approx(float(np.dot(w, losses)), rel=1e-12)
+
+
+def test_an_unknown_weighting_is_refused():
+    with pytest.raises(ValueError, match="weighting must be one of"):
+        FedAvgM(server_lr=1.0, weighting="sizes")
