@@ -75,7 +75,7 @@ def client_weights(num_examples: Sequence[float], weighting: str = "examples") -
 
 
 def weighted_mean(per_client: Sequence[Params], weights: Sequence[float]) -> Params:
-    """Example-weighted mean of the clients' arrays, layer by layer.
+    """Weighted mean of the clients' arrays, layer by layer.
 
     The server average of paper 1 Eq. 92/102 and of paper 2 Algorithm 1 (weights: :func:`client_weights`).
     """
