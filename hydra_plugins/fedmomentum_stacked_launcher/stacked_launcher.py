@@ -75,6 +75,7 @@ class StackedLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from server.run import cli
+        from server.run.console import idle_note
         from server.run.stop import exit_on_signals
         from server.stacked.launch import NotStackable, run_jobs
 
@@ -115,7 +116,7 @@ class StackedLauncher(Launcher):
             if outcome.status == "finished":
                 summary = outcome.summary
                 print(f"flower-simulation: finished {summary['rounds']} rounds, accuracy {summary['accuracy']}, "
-                      f"results in {summary['run_dir']}")  # fmt: skip
+                      f"results in {summary['run_dir']}{idle_note(summary)}")  # fmt: skip
             returns[i].return_value = outcome.summary or None
             if outcome.status == "error":
                 returns[i].status = JobStatus.FAILED

@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -305,13 +305,18 @@ class Run:
         if window.full():  # the mean of the last W models, in the model's dtypes
             np.savez(run_dir / "final_model_avg.npz", **{k: v.astype(final[k].dtype) for k, v in window.mean().items()})
         last = self.writer.rows[-1] if self.writer.rows else {}
+        idle = [r["round"] for r in self.writer.rows if r["round"] >= 1 and not r.get("num_replies")]
         summary = {
             "run_dir": str(run_dir),
             "rounds": num_rounds,
             "accuracy": last.get("accuracy"),
             "loss": last.get("loss"),
             "seconds": time.time() - self.started,
+            "rounds_without_replies": len(idle),  # rounds that changed nothing: every reply failed or was rejected
         }
+        if idle:
+            log(WARNING, "%d of %d rounds aggregated no reply (first: round %d); see the lines above", len(idle),
+                num_rounds, idle[0])  # fmt: skip
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         write_status(run_dir, "finished", num_rounds)
         return summary

@@ -143,7 +143,15 @@ def summary_line(program: str, cfg: dict[str, Any], summary: dict[str, Any], wal
     return (
         f"{program}: finished{run}: {run_label(cfg)}, {summary.get('rounds')} rounds, "
         f"{', '.join(figures) or 'no evaluation'}, {format_wall(wall)}; results in {summary.get('run_dir')}"
+        f"{idle_note(summary)}"
     )
+
+
+def idle_note(summary: dict[str, Any]) -> str:
+    """``; 2 of 3 rounds aggregated no reply (run.log says why)`` for a run some of whose rounds changed nothing (every
+    reply failed or was rejected), else ''."""
+    idle = summary.get("rounds_without_replies")
+    return f"; {idle} of {summary.get('rounds')} rounds aggregated no reply (run.log says why)" if idle else ""
 
 
 def process_age() -> float:

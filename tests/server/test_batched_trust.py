@@ -265,3 +265,30 @@ def test_an_error_the_run_does_not_account_for_marks_it_failed_and_it_resumes(ti
     run_experiment(BatchedGrid(4), resumed, resumed["run_dir"])
     assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "finished"
     assert [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2, 3]
+
+
+def test_rounds_that_aggregated_no_reply_are_counted_and_said_at_the_end(tiny_data, tmp_path):
+    """A run whose rounds 2 and 3 changed nothing (every reply failed) finished with the usual line, nothing hinting
+    that its model stopped at round 1: now summary.json counts those rounds, run.log warns, the final line says so."""
+    from server.run.console import summary_line
+
+    passed = []
+
+    def fail_after_round_1(reply: Message, msg: Message) -> Message:
+        if msg.metadata.message_type == "train":
+            if len(passed) >= 2:  # 2 clients a round: round 1's replies pass
+                raise RuntimeError("this client crashed")
+            passed.append(msg)
+        return reply
+
+    cfg = make_cfg(tiny_data, tmp_path / "run", "model=logreg", "engine=batched")
+    summary = run_experiment(BatchedGrid(4, reply_filter=fail_after_round_1), cfg, cfg["run_dir"])
+    assert [r["num_replies"] for r in read_metrics(tmp_path / "run")[1:]] == [2, 0, 0]
+    assert summary["rounds_without_replies"] == 2
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds_without_replies"] == 2
+    assert "2 of 3 rounds aggregated no reply (first: round 2)" in (tmp_path / "run" / "run.log").read_text()
+    line = summary_line("flower-simulation", cfg, summary, 1.0)
+    assert line.endswith("; 2 of 3 rounds aggregated no reply (run.log says why)")
+    clean = make_cfg(tiny_data, tmp_path / "clean", "model=logreg", "engine=batched")
+    summary = run_experiment(BatchedGrid(4), clean, clean["run_dir"])
+    assert summary["rounds_without_replies"] == 0 and "aggregated no reply" not in summary_line("x", clean, summary, 1)
