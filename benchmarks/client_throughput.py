@@ -15,10 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
+from benchmarks.cli_args import require_data
 from client.data import load_dataset
 from client.models import build_model
 from client.partition import dirichlet_partition
@@ -42,8 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.threads, args.epochs, args.clients) < 1:
         parser.error("--threads, --epochs and --clients must be >= 1")
-    if not Path(args.source).exists():
-        parser.error(f"--source: no CIFAR-10 folder or .tar.gz at {args.source}")
+    require_data(parser, "--source", args.source)
     torch.set_num_threads(args.threads)
     out: dict[str, float] = {}
     cache = tempfile.mkdtemp(prefix="fm-bench-")

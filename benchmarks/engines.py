@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.cli_args import require_data
+
 NUM_CLIENTS, FRACTION, BATCH, SEED = 100, 0.1, 64, 0
 LR = {"logreg": (1.0, 0.01), "cnn": (1.5, 0.01), "resnet20": (1.0, 0.5)}  # (eta, eta_l); paper 1 App. A for CNNs
 
@@ -206,9 +208,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="rounds of every other run")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    data = args.data.resolve()
-    if not data.exists():
-        parser.error(f"--data: no CIFAR-10 folder or .tar.gz at {data}")
+    data = require_data(parser, "--data", args.data)
     cache = args.cache or Path(os.environ.get("FEDMOMENTUM_CACHE", Path.home() / ".cache" / "fedmomentum"))
     results = {}
     print(

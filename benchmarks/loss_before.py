@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.cli_args import require_data
 from client.data import load_dataset
 from client.models import build_model
 from client.train import LOSS_BEFORE_ALL, TrainConfig, local_train
@@ -34,10 +35,9 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.examples, args.steps, args.batch, args.repeats) < 1:
         parser.error("--examples, --steps, --batch and --repeats must be >= 1")
-    if not args.data.exists():
-        parser.error(f"--data: no CIFAR-10 folder or .tar.gz at {args.data}")
+    data = require_data(parser, "--data", args.data)
     torch.set_num_threads(1)
-    ds = load_dataset("cifar10_folder", args.data.resolve(), args.cache)
+    ds = load_dataset("cifar10_folder", data, args.cache)
     x, y = np.array(ds.x_train[: args.examples]), np.array(ds.y_train[: args.examples])  # as a client holds them
     seconds: dict[str, list[float]] = {"round's examples (0)": [], "full pass (-1)": []}
     losses: dict[str, float] = {}

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
 
 import numpy as np
 
+from benchmarks.cli_args import require_data
 from server.run.data import server_dataset
 from server.run.evaluator import Evaluator, metrics_of_many
 
@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.seeds < 1 or args.repeats < 1:
         parser.error("--jobs, --seeds and --repeats must be >= 1")
-    if not os.path.exists(args.data):
-        parser.error(f"--data: no CIFAR-10 folder or .tar.gz at {args.data}")
+    require_data(parser, "--data", args.data)
     from benchmarks.stacked_sweep import composed
 
     cache = args.cache or tempfile.mkdtemp(prefix="population-eval-")

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.cli_args import require_data
 from client.app import train_on_partition
 from strategies import math as fm
 from strategies.participation import CyclicSchedule
@@ -126,9 +127,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=None, help="decoded-array cache (default: the client's)")
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
-    data = args.data.resolve()
-    if not data.exists():
-        parser.error(f"--data: no CIFAR-10 folder or .tar.gz at {data}")
+    data = require_data(parser, "--data", args.data)
     cache = args.cache or Path(os.environ.get("FEDMOMENTUM_CACHE", Path.home() / ".cache" / "fedmomentum"))
     plain = plain_loop(data, cache, args.rounds).seconds
     with tempfile.TemporaryDirectory() as tmp:

@@ -93,7 +93,7 @@ def paper_linearity_violations(momentum: bool) -> list[dict[str, Any]]:
     return out
 
 
-def table1(T: int = 10**6, mu: float = 2.0, eps: float = 1e-2, beta: float = 0.9, algorithm: str = "fedavgm") -> dict:
+def table1(T: int = PAPER_T, mu: float = 2.0, eps: float = 1e-2, beta: float = 0.9, algorithm: str = "fedavgm") -> dict:
     """All 90 Table I entries (both halves) with the paper's value and a match flag (None unless T = 10^6)."""
     rows = list(pv.ROWS) * 2
     betas = [beta] * len(pv.ROWS) + [0.0] * len(pv.ROWS)
@@ -121,7 +121,7 @@ def table1(T: int = 10**6, mu: float = 2.0, eps: float = 1e-2, beta: float = 0.9
     return {"entries": entries, "setup": setup, "paper_linearity_violations": violations}
 
 
-def table2(T: int = 10**6, mu: float = 2.0, eps: float = 1e-2, beta: float = 0.9, algorithm: str = "fedavgm") -> dict:
+def table2(T: int = PAPER_T, mu: float = 2.0, eps: float = 1e-2, beta: float = 0.9, algorithm: str = "fedavgm") -> dict:
     """Table II: alpha = 1, G = 10, theta0 in {0, 10}, eta0 = (1+beta)/(mu(1-beta)) - eps and 1/mu - eps."""
     labels = list(pv.TABLE2)
     eta0s = [initial_step(beta, mu, eps), 1.0 / mu - eps]
@@ -150,7 +150,7 @@ def table2(T: int = 10**6, mu: float = 2.0, eps: float = 1e-2, beta: float = 0.9
 TABLE_COLUMNS = ["momentum", "schedule", "param", "G", "theta0", "value", "paper", "match"]
 
 
-def run_table1(outdir: str | os.PathLike, T: int = 10**6, **kw: Any) -> dict:
+def run_table1(outdir: str | os.PathLike, T: int = PAPER_T, **kw: Any) -> dict:
     """Compute and write table1.{md,csv,json}."""
     payload = table1(T=T, **kw)
     notes = [f"T = {T}; match = within one unit of the paper's last printed digit, or both |.| < 1e-12 (round-off)."]
@@ -169,7 +169,7 @@ def run_table1(outdir: str | os.PathLike, T: int = 10**6, **kw: Any) -> dict:
     return payload
 
 
-def run_table2(outdir: str | os.PathLike, T: int = 10**6, **kw: Any) -> dict:
+def run_table2(outdir: str | os.PathLike, T: int = PAPER_T, **kw: Any) -> dict:
     """Compute and write table2.{md,csv,json}."""
     payload = table2(T=T, **kw)
     cols = ["eta0_rule", "eta0", "G", "theta0", "value", "paper", "match"]
