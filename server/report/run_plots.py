@@ -126,6 +126,44 @@ def plot_gap(rows: list[dict[str, Any]], path: Path) -> Path | None:
 
 
 GROUP_BY = ("strategy.name", "strategy.momentum", "model.name")  # flower-plot's curves by default
+# config keys a run's results do not depend on (how it ran: the engines give equal results), besides STORAGE_KEYS
+EXECUTION_KEYS = ("engine.", "deploy.", "backend.", "client.torch_threads", "progress_every", "round_timeout")
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, str]:
+    """A config's leaves as {dotted key: JSON text}."""
+    if not isinstance(node, dict):
+        return {prefix[:-1]: json.dumps(node, sort_keys=True)}
+    out: dict[str, str] = {}
+    for key, value in node.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return out
+
+
+def _averaged_keys(run_dirs: Sequence[Path], keys: Sequence[str]) -> list[str]:
+    """The config keys, besides ``keys``, ``seed``, where a run is stored and how it ran, that take several values
+    within a curve of ``keys``: each one, in name order, that splits some curve of the keys before it (a key set by
+    another, e.g. a strategy's default server_lr by strategy.name, splits none)."""
+    configs = []
+    for run_dir in run_dirs:
+        try:
+            cfg = json.loads((Path(run_dir) / "config.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(cfg, dict):
+            configs.append(_flat(cfg))
+    ignored = {"seed", *STORAGE_KEYS, *keys}
+    chosen = list(keys)
+    candidates = sorted({k for c in configs for k in c} - ignored)
+    for key in candidates:
+        if key.startswith(EXECUTION_KEYS):
+            continue
+        values: dict[tuple, set] = defaultdict(set)
+        for c in configs:
+            values[tuple(c.get(k) for k in chosen)].add(c.get(key))
+        if any(len(v) > 1 for v in values.values()):
+            chosen.append(key)
+    return chosen[len(keys) :]
 
 
 def _group_label(run_dir: Path, keys: Sequence[str], found: set[str] | None = None) -> str:
@@ -301,8 +339,10 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
         "--group-by",
         nargs="+",
         default=None,
-        help="config keys that name a curve; runs differing only in other keys (seed) are averaged (default: "
-        f"{' '.join(GROUP_BY)}; a key given here that no run has is an error)",
+        help="config keys that name a curve; runs differing only in other keys are averaged (default: "
+        f"{' '.join(GROUP_BY)} and every other key whose value differs between the runs of a curve, so that only "
+        "seeds are averaged; given keys that leave other differences are named on the output; a key given here "
+        "that no run has is an error)",
     )
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
@@ -321,11 +361,13 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
     runs = list({run.resolve(): run for run in runs}.values())  # each run once, however many arguments name it
     try:
         runs, copies = distinct_runs(runs)
-        out, used = plot_runs(
-            runs, out_path, args.group_by or GROUP_BY, args.title, args.metric, args.log, args.group_by
-        )
+        averaged = _averaged_keys(runs, args.group_by or GROUP_BY)
+        group_by = args.group_by or [*GROUP_BY, *averaged]
+        out, used = plot_runs(runs, out_path, group_by, args.title, args.metric, args.log, args.group_by)
     except ValueError as err:
         parser.error(str(err))
+    if args.group_by and averaged:
+        print(f"flower-plot: each curve averages runs that differ in {', '.join(averaged)} (not only in seed)")
     left = f" ({len(runs) - used} without {args.metric} rows left out)" if used < len(runs) else ""
     if copies:
         left += f" ({copies} {'copy' if copies == 1 else 'copies'} of a run of one configuration and seed left out)"

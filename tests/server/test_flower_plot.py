@@ -153,3 +153,47 @@ def test_a_copy_of_a_run_counts_once_and_a_killed_one_gives_way(tmp_path, capsys
         plot_main([str(tmp_path), "--metric", "client_lr", "--out", str(out)])
     assert stop.value.code == 2
     assert "are runs of one configuration and seed with different metrics" in capsys.readouterr().err
+
+
+def write_configured_run(path, seed, client_lr, *, name="fedavgm", server_lr=1.0, engine="batched"):
+    """A run whose config.json holds every key a run writes that matters here (storage and engine keys too)."""
+    path.mkdir()
+    config = {
+        "strategy": {"name": name, "momentum": 0.9, "client_lr": client_lr, "server_lr": server_lr},
+        "model": {"name": "logreg"},
+        "engine": {"name": engine},
+        "run_dir": str(path),
+        "seed": seed,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    with MetricsWriter(path) as writer:
+        for t in (1, 2):
+            writer.append({"round": t, "accuracy": client_lr * t + seed / 100})
+
+
+def test_by_default_a_curve_averages_seeds_only(tmp_path, capsys, monkeypatch):
+    """A learning-rate sweep's runs were averaged into one curve per strategy (the default keys): n = 4 over two
+    client learning rates. By default every key that differs within a curve names curves too, except the seed,
+    where a run is stored, how it ran (engine) and a key another key sets (server_lr by strategy.name)."""
+    for name, server_lr in [("fedavgm", 1.0), ("fedcm", 0.1)]:
+        for lr in (0.1, 0.2):
+            for seed in (0, 1):
+                engine = "ray" if seed else "batched"
+                write_configured_run(
+                    tmp_path / f"{name}{lr}_{seed}", seed, lr, name=name, server_lr=server_lr, engine=engine
+                )
+    monkeypatch.chdir(tmp_path)
+    plot_main([str(tmp_path)])
+    curves = json.loads((tmp_path / "accuracy_mean_std.json").read_text())
+    base = "strategy.momentum=0.9, model.name=logreg"
+    assert sorted(curves) == [
+        f"strategy.name={n}, {base}, strategy.client_lr={lr}" for n in ("fedavgm", "fedcm") for lr in (0.1, 0.2)
+    ]
+    assert {c["runs"] for c in curves.values()} == {2}
+    np.testing.assert_allclose(curves[f"strategy.name=fedcm, {base}, strategy.client_lr=0.2"]["mean"], [0.205, 0.405])
+    assert "averages" not in capsys.readouterr().out
+    plot_main([str(tmp_path), "--group-by", "strategy.name"])  # as asked, and said
+    curves = json.loads((tmp_path / "accuracy_mean_std.json").read_text())
+    assert sorted(curves) == ["strategy.name=fedavgm", "strategy.name=fedcm"]
+    assert {c["runs"] for c in curves.values()} == {4}
+    assert "each curve averages runs that differ in strategy.client_lr (not only in seed)" in capsys.readouterr().out
