@@ -4,14 +4,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from flwr.common.logger import log
 
 from client.data import Dataset
 from client.datasets import NaturalData
-from client.partition import dirichlet_partition, label_histograms, parse_alpha, save_histograms
+from client.partition import (
+    dirichlet_partition,
+    label_histograms,
+    one_class_shortfall,
+    parse_alpha,
+    save_histograms,
+)
 
 
 def client_partitions(cfg: Mapping[str, Any], ds: Dataset) -> list[np.ndarray]:
@@ -35,6 +43,9 @@ def save_partition_summary(cfg: Mapping[str, Any], ds: Dataset | NaturalData, ru
     save_histograms(
         run_dir, hist, ds.classes, title=f"alpha={cfg['data']['alpha']}", stem="partition", plot=cfg.get("plots", True)
     )
+    shortfall = one_class_shortfall(hist) if parse_alpha(cfg["data"]["alpha"]) == 0 else None
+    if shortfall:
+        log(WARNING, "data.alpha=0 with %d clients: %s (partition.csv)", len(hist), shortfall)
     return hist
 
 

@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.partition import client_sizes, dirichlet_partition, label_histograms, parse_alpha, save_histograms
+from client.partition import (
+    client_sizes,
+    dirichlet_partition,
+    label_histograms,
+    one_class_shortfall,
+    parse_alpha,
+    save_histograms,
+)
 
 LABELS = np.repeat(np.arange(10), 500)  # 5,000 examples, 10 balanced classes
 
@@ -30,6 +37,22 @@ def test_alpha_zero_one_class_per_client() -> None:
     hist = label_histograms(LABELS, dirichlet_partition(LABELS, 100, 0, seed=3), 10)
     assert ((hist > 0).sum(1) == 1).all()
     assert ((hist > 0).sum(0) == 10).all()  # 10 clients per class
+
+
+@pytest.mark.parametrize("num_clients", [10, 20, 50, 100])
+def test_alpha_zero_says_nothing_when_each_class_splits_evenly(num_clients: int) -> None:
+    hist = label_histograms(LABELS, dirichlet_partition(LABELS, num_clients, 0, seed=3), 10)
+    assert ((hist > 0).sum(1) == 1).all() and one_class_shortfall(hist) is None
+
+
+def test_alpha_zero_says_how_far_from_one_class_per_client() -> None:
+    """8 clients of 625 over 10 classes of 500: no client can hold one class; the split was silently mixed."""
+    hist = label_histograms(LABELS, dirichlet_partition(LABELS, 8, 0, seed=3), 10)
+    classes, foreign = (hist > 0).sum(1), 1 - hist.max(1) / hist.sum(1)
+    message = one_class_shortfall(hist)
+    assert message.startswith(f"8 of 8 clients hold more than one class (up to {classes.max()}; up to ")
+    assert f"{foreign.max():.0%} of a client's examples outside its main class)" in message
+    assert one_class_shortfall(np.array([[3, 0], [0, 3], [2, 1]])).startswith("1 of 3 clients")
 
 
 def test_iid_roughly_uniform() -> None:
