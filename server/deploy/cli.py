@@ -119,6 +119,40 @@ def _check_resolves(d: dict[str, Any], key: str) -> None:
         raise config_lib.ConfigError(f"'deploy.{key}': {value!r} is no address this host resolves ({why})") from None
 
 
+def _superlink_address(value: str) -> tuple[str, int]:
+    """``deploy.superlink`` as (host, port): HOST:PORT with a port in [1, 65535] (a ConfigError else)."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise config_lib.ConfigError(f"'deploy.superlink' must be HOST:PORT (port 1-65535), got {value!r}")
+    return host.strip("[]"), int(port)  # [::1]:9093
+
+
+def _check_superlink(value: str) -> tuple[str, int]:
+    """``deploy.superlink`` as (host, port), its host one this host resolves (a ConfigError else)."""
+    host, port = _superlink_address(value)
+    try:
+        socket.getaddrinfo(host, port)
+    except (OSError, UnicodeError) as err:
+        why = getattr(err, "strerror", None) or type(err).__name__
+        raise config_lib.ConfigError(f"'deploy.superlink': {host!r} is no address this host resolves ({why})") from None
+    return host, port
+
+
+def check_superlink_answers(value: str, timeout: float) -> None:
+    """A TCP connection to an existing SuperLink's Control API opens within ``timeout`` seconds (a
+    :class:`DeployError` naming the address and the reason else): checked before ``flwr run``, whose own error
+    would come after a retry loop and without the address."""
+    host, port = _check_superlink(value)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise DeployError(
+            f"nothing answers at deploy.superlink={value} ({why}): start the SuperLink (or the tunnel to its "
+            "Control API) first"
+        ) from None
+
+
 def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     """Check the ``deploy`` group (after :func:`server.run.config.validate`); returns it."""
     d = cfg.get("deploy")
@@ -129,8 +163,8 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
         spawn = d["spawn_supernodes"] = int(cfg["num_clients"])
     if isinstance(spawn, bool) or not isinstance(spawn, int) or not 0 <= spawn <= int(cfg["num_clients"]):
         raise config_lib.ConfigError(f"'deploy.spawn_supernodes' must be in [0, num_clients], got {spawn!r}")
-    if d.get("superlink") is not None and ":" not in str(d["superlink"]):
-        raise config_lib.ConfigError(f"'deploy.superlink' must be HOST:PORT, got {d['superlink']!r}")
+    if d.get("superlink") is not None:
+        _superlink_address(str(d["superlink"]))
     for key in ("tls", "auth", "fast", "bind_partitions"):
         if d.get(key) is not None and not isinstance(d[key], bool):
             raise config_lib.ConfigError(f"'deploy.{key}' must be true or false, got {d[key]!r}")
@@ -156,6 +190,8 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     hosts = d.get("cert_hosts") or []
     if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
         raise config_lib.ConfigError(f"'deploy.cert_hosts' must be a list of host names or IPs, got {hosts!r}")
+    if d.get("superlink") is not None:
+        _check_superlink(str(d["superlink"]))
     if d.get("superlink") is None:  # what this host binds and what its SuperNodes dial must resolve
         _check_resolves(d, "host")
         if spawn:
@@ -200,6 +236,8 @@ def deploy(
         from server.run.data import server_dataset
 
         server_dataset(cfg)
+    else:
+        check_superlink_answers(str(d["superlink"]), min(10.0, float(d.get("startup_timeout", 60))))
     run_dir = Path(cfg["run_dir"]).resolve()
     cfg["run_dir"] = str(run_dir)
     try:  # what flwr run packs, without walking .venv at every submission (server/deploy/app_stage.py)
@@ -354,11 +392,18 @@ def _hydra_main(cfg: DictConfig) -> None:
         print("flower-deploy: interrupted; all processes stopped", file=sys.stderr)
         raise SystemExit(130) from None
     if not result.ok:
-        print(
-            f"flower-deploy: run {result.run_id} ended with status {result.status!r}{_failure(plain['run_dir'])} "
-            f"(logs in {plain['run_dir']}/deploy/logs)",
-            file=sys.stderr,
-        )
+        logs = Path(plain["run_dir"]) / "deploy" / "logs"
+        if result.run_id is None:  # flwr run failed before the SuperLink took the run: its own error is above
+            print(
+                f"flower-deploy: the run was not submitted: flwr run failed (its output: {logs}/flwr-run.log)",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"flower-deploy: run {result.run_id} ended with status {result.status!r}{_failure(plain['run_dir'])} "
+                f"(logs in {logs})",
+                file=sys.stderr,
+            )
         raise SystemExit(1)
     summary_path = Path(plain["run_dir"]) / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}

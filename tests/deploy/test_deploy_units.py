@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import ipaddress
 import shutil
+import socket
 import zipfile
 
 import pytest
@@ -15,6 +16,7 @@ from deploy_helpers import ROOT, compose, overrides, run_cli
 
 from server.deploy.app_stage import stage_app
 from server.deploy.cli import concurrent_local_nodes, deploy, node_threads, state_in_file, validate_deploy
+from server.deploy.federation import DeployError
 from server.deploy.tls import make_node_key, make_tls
 from server.run import config as config_lib
 
@@ -144,6 +146,21 @@ def test_broken_node_config_is_one_error_before_any_process(tmp_path, deploy_dat
     assert not (run_dir / "deploy").exists()
 
 
+def test_an_existing_superlink_that_does_not_answer_is_one_line_before_anything_is_staged(tmp_path, deploy_data):
+    """``flwr run`` to a SuperLink that is not there printed Flower's box after its retries, then "run None ended
+    with status 'cli-failed'"; now one line naming the address, before anything is staged or started."""
+    run_dir = tmp_path / "run"
+    with socket.socket() as closed:  # bound, never listening: a connection to it is refused
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        cfg = compose(overrides(deploy_data, run_dir, f"deploy.superlink={address}", "deploy.spawn_supernodes=0"))
+        with pytest.raises(
+            DeployError, match=f"nothing answers at deploy.superlink={address} \\(Connection refused\\)"
+        ):
+            deploy(cfg)
+    assert not (run_dir / "deploy").exists()
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -151,6 +168,14 @@ def test_broken_node_config_is_one_error_before_any_process(tmp_path, deploy_dat
         (["deploy.spawn_supernodes=5"], "spawn_supernodes"),
         (["deploy.superlink=nohostport", "deploy.spawn_supernodes=0"], "HOST:PORT"),
         (["deploy.superlink=h:1", "deploy.tls=true"], "existing"),
+        (
+            ["deploy.superlink=127.0.0.1:0", "deploy.spawn_supernodes=0"],
+            r"HOST:PORT \(port 1-65535\), got '127.0.0.1:0'",
+        ),
+        (
+            ["deploy.superlink=nohost.invalid:9093", "deploy.spawn_supernodes=0"],
+            "'deploy.superlink': 'nohost.invalid' is no address this host resolves",
+        ),
         (["deploy.root_certificates=/nonexistent/ca.crt"], "root_certificates"),
         (["deploy.fleet_port=-1"], "fleet_port"),
         (["deploy.fleet_port=70000"], r"'deploy.fleet_port' must be an integer in \[0, 65535\], got 70000"),
