@@ -45,8 +45,10 @@ class CyclicSchedule:
         groups: Sequence[Sequence[int]] | None = None,
     ) -> None:
         if groups is not None:
-            if isinstance(groups, str | bytes) or not all(
-                isinstance(g, Sequence) and not isinstance(g, str | bytes) and _ids(g) for g in groups
+            if (
+                isinstance(groups, str | bytes)
+                or not isinstance(groups, Sequence)
+                or not all(isinstance(g, Sequence) and not isinstance(g, str | bytes) and _ids(g) for g in groups)
             ):
                 raise ValueError(f"participation.groups must be lists of integer client ids, got {groups!r}")
             self.groups = [sorted(int(c) for c in g) for g in groups]
@@ -96,6 +98,8 @@ def make_schedule(
     if mode == "cyclic":
         return CyclicSchedule(num_clients, fraction, seed, groups)
     if mode == "uniform":
+        if groups is not None:  # it would be ignored: uniform draws S^t afresh every round
+            raise ValueError("participation.groups are cyclic groups; participation.mode=uniform draws its own")
         return UniformSchedule(num_clients, fraction, seed)
     raise ValueError(f"participation mode must be 'cyclic' or 'uniform', got {mode!r}")
 

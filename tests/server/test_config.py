@@ -109,6 +109,11 @@ def test_every_method_preset_validates(method, tiny_data):
         (["num_clients=4", "participation.groups=abc"], "participation.groups"),
         (["num_clients=4", "participation.groups=[[0,1.5],[2,3]]"], "participation.groups"),  # was taken as [0, 1]
         (["num_clients=4", "participation.groups=[[0,1],[1,2,3]]"], "participation.groups"),
+        (["num_clients=4", "participation.groups=3"], "'participation.groups': participation.groups must be lists"),
+        (  # uniform ignored the groups
+            ["num_clients=4", "participation.mode=uniform", "participation.groups=[[0,1],[2,3]]"],
+            "'participation.groups': participation.groups are cyclic groups; participation.mode=uniform",
+        ),
         (["seed=-1"], "seed"),
         (["seed=9223372036854775808"], "seed"),  # past int64: Flower's records (it was a stack trace)
         (["backend.num_cpus=abc"], "backend.num_cpus"),
