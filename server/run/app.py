@@ -194,7 +194,8 @@ class Run:
         self.evaluator = self.make_evaluator(cfg, dataset)
         self.writer = MetricsWriter(run_dir, keep_rounds_upto=start if start else None)
         self.started = time.time() - _elapsed(self.writer.rows)  # a resumed run's time goes on from its checkpoint's
-        log(INFO, "Run dir %s: %s, rounds %d..%d", run_dir, console.run_label(cfg), start + 1, self.num_rounds)
+        todo = f"rounds {start + 1}..{self.num_rounds}" if start < self.num_rounds else f"finished at round {start}"
+        log(INFO, "Run dir %s: %s, %s", run_dir, console.run_label(cfg), todo)  # the latter: resume of a finished run
         write_status(run_dir, "running", start)
         if start == 0:
             row0 = {"round": 0, **self.evaluator.metrics(self.arrays), "seconds": 0.0, "elapsed": 0.0}

@@ -139,6 +139,7 @@ def test_a_resumed_run_s_elapsed_time_goes_on_from_its_checkpoint_s(finished, ti
         assert rows[4]["elapsed"] >= 1003 + rows[4]["seconds"] and seconds >= rows[4]["elapsed"]
     else:
         assert len(rows) == 4 and seconds >= 1003
+        assert ", finished at round 3\n" in (run_dir / "run.log").read_text()  # it said "rounds 4..3"
 
 
 UNCHECKPOINTED = {  # no checkpoint (killed before its first), an earlier run's metrics: what a resume=true gets
