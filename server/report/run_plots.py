@@ -127,7 +127,10 @@ def plot_gap(rows: list[dict[str, Any]], path: Path) -> Path | None:
 
 GROUP_BY = ("strategy.name", "strategy.momentum", "model.name")  # flower-plot's curves by default
 # config keys a run's results do not depend on (how it ran: the engines give equal results), besides STORAGE_KEYS
-EXECUTION_KEYS = ("engine.", "deploy.", "backend.", "client.torch_threads", "progress_every", "round_timeout")
+EXECUTION_KEYS = (
+    *("engine.", "deploy.", "backend.", "client.torch_threads", "client.state_dir", "progress_every", "round_timeout"),
+    *("participation.wait_timeout", "participation.query_timeout"),
+)
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, str]:
