@@ -254,6 +254,9 @@ def _validate_backend(b: Mapping[str, Any]) -> None:
         raise ConfigError(f"'backend.num_cpus' must be positive, got {b.get('num_cpus')!r}")
     if b.get("num_gpus") is not None and _number(b["num_gpus"], "backend.num_gpus") < 0:
         raise ConfigError(f"'backend.num_gpus' must be >= 0 or null (auto), got {b['num_gpus']!r}")
+    for key, least, unset in (("init_num_cpus", 1, "all cores"), ("init_num_gpus", 0, "all GPUs")):
+        if b.get(key) is not None and _number(b[key], f"backend.{key}") < least:
+            raise ConfigError(f"'backend.{key}' must be >= {least} or null ({unset}), got {b[key]!r}")
     address = b.get("address")
     if address is None or address == "local":
         return

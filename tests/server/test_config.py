@@ -121,6 +121,8 @@ def test_every_method_preset_validates(method, tiny_data):
         (["seed=-1"], "seed"),
         (["seed=9223372036854775808"], "seed"),  # past int64: Flower's records (it was a stack trace)
         (["backend.num_cpus=abc"], "backend.num_cpus"),
+        (["backend.init_num_cpus=0"], r"'backend.init_num_cpus' must be >= 1 or null \(all cores\), got 0"),
+        (["backend.init_num_gpus=-1"], r"'backend.init_num_gpus' must be >= 0 or null \(all GPUs\), got -1"),
         (["backend.num_gpus=abc"], "backend.num_gpus"),
         (["round_timeout=abc"], "round_timeout"),
         (["round_timeout=0"], "round_timeout"),
