@@ -20,6 +20,7 @@ import csv
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from server.report.runs import AVERAGED, FINISHED, ReportError, Run, check_keys, normalise, sort_key
 from server.report.stats import Paired, Ratio, paired, paired_ratio
@@ -68,6 +69,12 @@ def pair_keys(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str
     (a key with one value per side, e.g. a method's own tuned learning rate, belongs to the compared value)."""
     sides = [[r for r in runs if normalise(r.params.get(key)) == normalise(v)] for v in (a, b)]
     return [k for k in keys if k != key and any(len({normalise(r.params.get(k)) for r in side}) > 1 for side in sides)]
+
+
+def _seeds(seeds: Any) -> str:
+    """Seeds as the user gave them: [0, 1], not [0.0, 1.0] (the runs' seeds are numbers as floats)."""
+    shown = [int(s) if isinstance(s, float) and s.is_integer() else s for s in sorted(seeds, key=sort_key)]
+    return f"[{', '.join(map(str, shown))}]"
 
 
 def _by_seed(runs: Sequence[Run], side: str) -> dict:
@@ -123,11 +130,10 @@ def compare(
         where = ", ".join(f"{k}={v}" for k, v in group.items()) or "the sweep"
         runs_a, runs_b = _by_seed(sides["a"], f"{key}={a} ({where})"), _by_seed(sides["b"], f"{key}={b} ({where})")
         if set(runs_a) != set(runs_b):
-            only = sorted(set(runs_a) ^ set(runs_b), key=sort_key)
+            only = _seeds(set(runs_a) ^ set(runs_b))
             raise ReportError(
-                f"--compare: unmatched seeds in {where}: {key}={a} has seeds "
-                f"{sorted(runs_a, key=sort_key)}, {key}={b} has {sorted(runs_b, key=sort_key)} "
-                f"(only one side: {only})"
+                f"--compare: unmatched seeds in {where}: {key}={a} has seeds {_seeds(runs_a)}, {key}={b} has "
+                f"{_seeds(runs_b)} (only one side: {only})"
             )
         seeds = sorted(runs_a, key=sort_key)
         if len(seeds) < 2:

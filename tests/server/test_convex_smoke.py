@@ -127,7 +127,11 @@ def test_report_has_ci_and_paired_comparison_equal_to_scipy(sweep, tmp_path):
         (["model.name=logreg", "model.name=cnn"], None, "'model.name' was not swept"),
         (["strategy=fedavg", "seed=1"], None, "both sides must set the same key"),
         (["strategy=fedavg", "strategy=ghbm"], None, "no run has strategy=ghbm"),
-        (["strategy=fedavg", "strategy=fedcm"], "*_fedcm_*_s1", "unmatched seeds"),
+        (  # the seeds were floats: "[0.0, 1.0]"
+            ["strategy=fedavg", "strategy=fedcm"],
+            "*_fedcm_*_s1",
+            "strategy=fedavg has seeds [0, 1], strategy=fedcm has [0] (only one side: [1])",
+        ),
         (["strategy=fedavg", "strategy=fedcm"], "*_s1", "1 seed(s); a paired CI needs at least 2"),
     ],
 )
