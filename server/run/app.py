@@ -165,6 +165,7 @@ class Run:
         self.train_config = train_record(self.cfg)
         self.started = time.time()  # set by resume(): the run's elapsed time counts from there
         self.round_started = self.started
+        self.gap_warned = False  # a pop_gap below zero was warned of (once a run)
 
     def progress_grid(self, grid: Grid) -> ProgressGrid:
         """``grid`` with in-round progress lines and the run ETA (:class:`ProgressGrid`)."""
@@ -206,6 +207,14 @@ class Run:
     def _log_round0(self, row0: dict[str, Any]) -> None:
         accuracy, loss, pop = row0["accuracy"], row0["loss"], console.pop_text(row0)
         log(INFO, "[round 0/%d] accuracy %.4f loss %.4f%s", self.num_rounds, accuracy, loss, pop)
+        self._check_gap(row0)
+
+    def _check_gap(self, row: dict[str, Any]) -> None:
+        """Warn once a run when its pop_gap proves f* wrong (:meth:`Evaluator.gap_below_zero`)."""
+        check = getattr(self.evaluator, "gap_below_zero", None)  # a caller's own evaluator may have none
+        if not self.gap_warned and check is not None and (why := check(row)):
+            self.gap_warned = True
+            log(WARNING, "%s", why)
 
     def train_round(self, grid: ProgressGrid, rnd: int) -> dict[str, Any]:
         """Round ``rnd`` on ``grid``: select and message the nodes, aggregate their replies into the global model;
@@ -270,6 +279,7 @@ class Run:
         row["elapsed"] = time.time() - self.started
         self.writer.append(row)
         console.log_round(row["round"], self.num_rounds, row, eta=eta)  # the in-round lines' estimate
+        self._check_gap(row)
         if self.run_log is not None and self.run_log.failure is not None:
             raise self.run_log.failure  # run.log could not be written (a full disk, ...): stop as for any file
 

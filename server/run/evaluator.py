@@ -89,6 +89,20 @@ class Evaluator:
 
             self.gap = PopulationGap(cfg, ds)
 
+    def gap_below_zero(self, row: Mapping[str, Any]) -> str | None:
+        """Why ``row``'s ``pop_gap`` (or ``avg_pop_gap``) proves f* wrong, or None: f* = min f, so f(x) − f* below
+        −1e-9 (relative to |f*| when larger), what the solver's tolerance leaves, means f* is not this objective's
+        minimum (an ``eval_fstar`` of another μ, split or data) and every pop_gap of the run is off by as much."""
+        if self.gap is None:
+            return None
+        low = min((row[k] for k in ("pop_gap", "avg_pop_gap") if row.get(k) is not None), default=0.0)
+        if low >= -1e-9 * max(1.0, abs(self.gap.f_star)):
+            return None
+        return (
+            f"pop_gap {low:.6g} < 0 at round {row['round']}: f there is below f* = {self.gap.f_star:.12g}, so f* is "
+            "not this run's minimum and its pop_gap columns are off (eval_fstar null solves f* for this run)"
+        )
+
     def __call__(self, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> tuple[float, float]:
         """(test loss, test accuracy)."""
         load_arrays(self.model, _numpy(arrays))
