@@ -144,6 +144,7 @@ class LocalUpdate(AdaptiveServerStrategy):
         if int(local_steps) < 0:
             raise ValueError(f"local_steps must be >= 0, got {local_steps}")
         fm.theta_weights(theta, max(int(local_steps), 1))  # validates presets and vectors
+        fm.check_theta_steps(theta, int(local_steps))
         self.theta: str | list[float] = theta if isinstance(theta, str) else [float(w) for w in theta]
         self.local_steps = len(self.theta) if isinstance(self.theta, list) else int(local_steps)
 

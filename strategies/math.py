@@ -249,6 +249,15 @@ def theta_weights(theta: str | Sequence[float], local_steps: int) -> np.ndarray:
     return weights
 
 
+def check_theta_steps(theta: str | Sequence[float], local_steps: int) -> None:
+    """A Theta list sets K = len(theta); an explicit ``local_steps`` (> 0) must then be the same K (ValueError)."""
+    if not isinstance(theta, str) and local_steps and len(theta) != local_steps:
+        raise ValueError(
+            f"a list of {len(theta)} weights sets K = {len(theta)} local steps and local_steps={local_steps} "
+            "another; give K once (a list of K weights, or local_steps with theta=fedavg or fomaml)"
+        )
+
+
 def localupdate_accumulate(q: Any, grad: Any, weight: float) -> Any:
     """q <- q + Theta_k g_k: the client's running Theta-weighted gradient sum (paper 2 Algorithm 2)."""
     return q + weight * grad

@@ -109,9 +109,9 @@ def state_in_file(deploy: dict[str, Any], num_clients: int | None) -> bool:
     return str(deploy.get("host", LOOPBACK)) != LOOPBACK or num_clients is None or spawned < num_clients
 
 
-def _check_resolves(d: dict[str, Any], key: str) -> None:
-    """``deploy.<key>`` is an address or a name this host resolves (a :class:`ConfigError` naming it else)."""
-    value = str(d.get(key, LOOPBACK))
+def _check_resolves(key: str, value: str) -> None:
+    """``deploy.<key>``'s host ``value`` is an address or a name this host resolves (a :class:`ConfigError` naming
+    it else)."""
     try:
         socket.getaddrinfo(value, None)
     except (OSError, UnicodeError) as err:
@@ -127,22 +127,11 @@ def _superlink_address(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)  # [::1]:9093
 
 
-def _check_superlink(value: str) -> tuple[str, int]:
-    """``deploy.superlink`` as (host, port), its host one this host resolves (a ConfigError else)."""
-    host, port = _superlink_address(value)
-    try:
-        socket.getaddrinfo(host, port)
-    except (OSError, UnicodeError) as err:
-        why = getattr(err, "strerror", None) or type(err).__name__
-        raise config_lib.ConfigError(f"'deploy.superlink': {host!r} is no address this host resolves ({why})") from None
-    return host, port
-
-
 def check_superlink_answers(value: str, timeout: float) -> None:
-    """A TCP connection to an existing SuperLink's Control API opens within ``timeout`` seconds (a
-    :class:`DeployError` naming the address and the reason else): checked before ``flwr run``, whose own error
-    would come after a retry loop and without the address."""
-    host, port = _check_superlink(value)
+    """A TCP connection to an existing SuperLink's Control API (``deploy.superlink``, validated) opens within
+    ``timeout`` seconds (a :class:`DeployError` naming the address and the reason else): checked before ``flwr
+    run``, whose own error would come after a retry loop and without the address."""
+    host, port = _superlink_address(value)
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as err:
@@ -163,8 +152,6 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
         spawn = d["spawn_supernodes"] = int(cfg["num_clients"])
     if isinstance(spawn, bool) or not isinstance(spawn, int) or not 0 <= spawn <= int(cfg["num_clients"]):
         raise config_lib.ConfigError(f"'deploy.spawn_supernodes' must be in [0, num_clients], got {spawn!r}")
-    if d.get("superlink") is not None:
-        _superlink_address(str(d["superlink"]))
     for key in ("tls", "auth", "fast", "bind_partitions"):
         if d.get(key) is not None and not isinstance(d[key], bool):
             raise config_lib.ConfigError(f"'deploy.{key}' must be true or false, got {d[key]!r}")
@@ -191,11 +178,11 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
         raise config_lib.ConfigError(f"'deploy.cert_hosts' must be a list of host names or IPs, got {hosts!r}")
     if d.get("superlink") is not None:
-        _check_superlink(str(d["superlink"]))
-    if d.get("superlink") is None:  # what this host binds and what its SuperNodes dial must resolve
-        _check_resolves(d, "host")
+        _check_resolves("superlink", _superlink_address(str(d["superlink"]))[0])
+    else:  # what this host binds and what its SuperNodes dial must resolve
+        _check_resolves("host", str(d.get("host", LOOPBACK)))
         if spawn:
-            _check_resolves(d, "address")
+            _check_resolves("address", str(d.get("address", LOOPBACK)))
     poll = d.get("poll_interval", 0.5)
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll <= 3:
         raise config_lib.ConfigError(f"'deploy.poll_interval' must be in (0, 3] seconds, got {poll!r}")

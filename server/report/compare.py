@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.report.runs import AVERAGED, FINISHED, ReportError, Run, check_keys, normalise, sort_key
+from server.report.runs import AVERAGED, FINISHED, ReportError, Run, check_keys, normalise, seed_text, sort_key
 from server.report.stats import Paired, Ratio, paired, paired_ratio
 
 KINDS = ("final", "last", "amplitude")
@@ -72,9 +72,8 @@ def pair_keys(runs: Sequence[Run], keys: Sequence[str], key: str, a: str, b: str
 
 
 def _seeds(seeds: Any) -> str:
-    """Seeds as the user gave them: [0, 1], not [0.0, 1.0] (the runs' seeds are numbers as floats)."""
-    shown = [int(s) if isinstance(s, float) and s.is_integer() else s for s in sorted(seeds, key=sort_key)]
-    return f"[{', '.join(map(str, shown))}]"
+    """Seeds as the user gave them: [0, 1], not [0.0, 1.0]."""
+    return f"[{', '.join(seed_text(s) for s in sorted(seeds, key=sort_key))}]"
 
 
 def _by_seed(runs: Sequence[Run], side: str) -> dict:

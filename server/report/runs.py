@@ -192,10 +192,9 @@ def one_run_per_seed(runs: Sequence[Run]) -> tuple[list[Run], list[tuple[Run, Ru
             continue
         for other in group[1:]:
             if other.status == FINISHED and untimed(other.rows) != untimed(first.rows):
-                seed = int(other.seed) if isinstance(other.seed, float) and other.seed.is_integer() else other.seed
                 raise ReportError(
-                    f"{first.path} and {other.path} are runs of one configuration and seed ({seed}) with "
-                    "different metrics: a seed counts once; move one of them away or report their folders apart"
+                    f"{first.path} and {other.path} are runs of one configuration and seed ({seed_text(other.seed)}) "
+                    "with different metrics: a seed counts once; move one of them away or report their folders apart"
                 )
             left_out.append((other, first))
         kept.append(first)
@@ -345,6 +344,11 @@ def configurations(runs: Sequence[Run], keys: Sequence[str], metrics: Sequence[s
             config.complete &= len(lasts) == len(config.runs)
         config.note = "; ".join(dict.fromkeys(problems))
     return sorted(groups.values(), key=lambda c: [sort_key(normalise(c.values[k])) for k in keys])
+
+
+def seed_text(seed: Any) -> str:
+    """A seed as the user gave it: 0, not 0.0 (:func:`normalise` makes numbers floats)."""
+    return str(int(seed) if isinstance(seed, float) and seed.is_integer() else seed)
 
 
 def sort_key(value: Any) -> tuple:

@@ -184,13 +184,8 @@ def validate(cfg: dict[str, Any], check_paths: bool = True) -> dict[str, Any]:
     _positive_int(cfg, "client.batch_size")
     local_steps = _positive_int(cfg, "client.local_steps", 0)
     _positive_int(cfg, "client.local_epochs", 0 if local_steps > 0 else 1)
-    theta = cfg["strategy"].get("theta")
-    if isinstance(theta, list) and local_steps and len(theta) != local_steps:  # the list's K won, silently
-        raise ConfigError(
-            f"'strategy.theta': a list of {len(theta)} weights sets K = {len(theta)} local steps and "
-            f"client.local_steps={local_steps} another; give K once (a list of K weights, or client.local_steps "
-            "with theta=fedavg or fomaml)"
-        )
+    if isinstance(cfg["strategy"].get("theta"), list):  # the list's K won over client.local_steps, silently
+        _check("strategy.theta", fm.check_theta_steps, cfg["strategy"]["theta"], local_steps)
     _check(
         "client.weight_decay", fm.check_lr, _number(c.get("weight_decay", 0.0), "client.weight_decay"), "weight_decay"
     )

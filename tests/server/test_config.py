@@ -111,7 +111,7 @@ def test_every_method_preset_validates(method, tiny_data):
         (["num_clients=4", "participation.groups=[[0,1],[1,2,3]]"], "participation.groups"),
         (  # the list's K = 2 steps were run, client.local_steps=5 ignored
             ["strategy=localupdate", "strategy.theta=[1,2]", "client.local_steps=5"],
-            "'strategy.theta': a list of 2 weights sets K = 2 local steps and client.local_steps=5 another",
+            "'strategy.theta': a list of 2 weights sets K = 2 local steps and local_steps=5 another",
         ),
         (["num_clients=4", "participation.groups=3"], "'participation.groups': participation.groups must be lists"),
         (  # uniform ignored the groups

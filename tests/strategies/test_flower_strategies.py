@@ -268,3 +268,11 @@ def test_weighting_sets_the_server_average_and_the_round_means(strategy, weighti
 def test_an_unknown_weighting_is_refused():
     with pytest.raises(ValueError, match="weighting must be one of"):
         FedAvgM(server_lr=1.0, weighting="sizes")
+
+
+def test_a_theta_list_and_another_local_steps_is_refused():
+    """LocalUpdate(theta=[1, 2], local_steps=5) ran K = 2 steps and ignored local_steps; 0 (epochs) or 2 are fine."""
+    with pytest.raises(ValueError, match="a list of 2 weights sets K = 2 local steps and local_steps=5 another"):
+        LocalUpdate(server_lr=0.1, client_lr=0.1, theta=[1.0, 2.0], local_steps=5)
+    for steps in (0, 2):
+        assert LocalUpdate(server_lr=0.1, client_lr=0.1, theta=[1.0, 2.0], local_steps=steps).local_steps == 2
