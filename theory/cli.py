@@ -215,7 +215,8 @@ def _surrogate_point(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 
 def _ghbm_point(args: argparse.Namespace) -> int:
-    """Validate every option (exit 2 with one line naming it), run, print one JSON line."""
+    """Validate every option (exit 2 with one line naming it), run, print one JSON line (exit 3, theta null, when
+    theta^R is not finite)."""
     from theory.experiments import ghbm
 
     values = {}
@@ -230,7 +231,12 @@ def _ghbm_point(args: argparse.Namespace) -> int:
             print(f"flower-theory ghbm-point: {message}, got {text!r}", file=sys.stderr)
             raise SystemExit(2)
         values[key] = value
-    print(json.dumps(ghbm.point(**values)))
+    result = ghbm.point(**values)
+    if not math.isfinite(result["theta"]):  # strict JSON has no NaN/Infinity: null, and the run's exit status 3
+        print(json.dumps({**result, "theta": None}))
+        print("flower-theory ghbm-point: theta^R is not finite: the iteration diverges at these rates", file=sys.stderr)
+        return 3
+    print(json.dumps(result))
     return 0
 
 

@@ -57,7 +57,8 @@ def strategy_label(strategy: dict[str, Any]) -> str:
 
 def run_label(cfg: dict[str, Any]) -> str:
     """``FedAvg (FedAvgM, momentum 0), cnn, 20 clients``: what a run trains."""
-    return f"{strategy_label(cfg['strategy'])}, {cfg['model']['name']}, {cfg['num_clients']} clients"
+    n = cfg["num_clients"]
+    return f"{strategy_label(cfg['strategy'])}, {cfg['model']['name']}, {n} client{'' if n == 1 else 's'}"
 
 
 def _metrics_text(row: dict[str, Any]) -> str:

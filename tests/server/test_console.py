@@ -62,6 +62,12 @@ def test_strategy_label_names_the_algorithm_that_runs(overrides, label):
     assert console.strategy_label(_strategy(*overrides)) == label
 
 
+@pytest.mark.parametrize("n, text", [(1, "1 client"), (4, "4 clients")])
+def test_run_label_counts_clients_in_words(n, text):
+    cfg = {"strategy": _strategy(), "model": {"name": "logreg"}, "num_clients": n}
+    assert console.run_label(cfg) == f"FedAvg (FedAvgM, momentum 0), logreg, {text}"
+
+
 @pytest.fixture
 def routed():
     """Flower's logger with a console handler and a run.log-like handler, as a run has them; yields a function

@@ -146,3 +146,12 @@ def test_ghbm_point_bad_input_exits_2_with_one_line(argv, message, capsys):
     captured = capsys.readouterr()
     assert err.value.code == 2 and captured.out == ""
     assert len(captured.err.strip().splitlines()) == 1 and message in captured.err
+
+
+def test_ghbm_point_that_diverges_prints_null_theta_and_exits_3(capsys):
+    """Step sizes past stability: theta^R is NaN, which strict JSON cannot hold; the line says null, exit 3."""
+    assert main(["ghbm-point", "--client-lr", "10", "--rounds", "2000"]) == 3
+    captured = capsys.readouterr()
+    out = json.loads(captured.out, parse_constant=lambda name: pytest.fail(f"not strict JSON: {name}"))
+    assert out["theta"] is None and out["client_lr"] == 10.0
+    assert "not finite" in captured.err and len(captured.err.strip().splitlines()) == 1
