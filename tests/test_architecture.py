@@ -194,3 +194,93 @@ def test_the_checker_finds_private_names_taken_from_another_module(tmp_path: Pat
         "strategies.d: strategies.m._hidden",
         "strategies.e: from strategies.m import _own",
     ]
+
+
+# What a run's processes import when they start (the ServerApp, the ClientApp, the round loop, the engines' Grids),
+# and the libraries they load only when a step needs them: each costs start-up time in every process of a run (a
+# deployment's ServerApp, a ClientApp fork, a Ray actor), e.g. ~0.5 s for scipy.stats.
+START_MODULES = (
+    "server.run.app",
+    "server.run.cli",
+    "server.deploy.server_app",
+    "server.deploy.cli",
+    "server.batched.engine",
+    "client.app",
+)
+ON_DEMAND = ("scipy", "matplotlib", "pandas", "ray", "flwr_datasets", "datasets", "pyarrow")
+
+
+def start_imports(root: Path, entries: Iterable[str], packages: Iterable[str] = PACKAGES) -> dict[str, str]:
+    """Third-party top-level package -> the project module that imports it at module level, over every project
+    module that importing ``entries`` runs (module-level statements only: not function bodies, not
+    ``if TYPE_CHECKING:`` blocks; a module's parent packages count as imported)."""
+    mods = modules(root, packages)
+    found: dict[str, str] = {}
+    todo, seen = list(entries), set()
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in mods:
+            continue
+        seen.add(module)
+        todo += [".".join(module.split(".")[:k]) for k in range(1, module.count(".") + 1)]
+        path = mods[module]
+        for node in _module_level(ast.parse(path.read_text(), str(path)).body):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _base(module, path, node)
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            else:
+                continue
+            for name in names:
+                if name in mods:
+                    todo.append(name)
+                elif name and name.split(".")[0] not in {m.split(".")[0] for m in mods}:
+                    found.setdefault(name.split(".")[0], module)
+    return found
+
+
+def _module_level(body: list[ast.stmt]) -> Iterable[ast.stmt]:
+    """The statements an import of a module runs: its body and the blocks of its ``if``/``try``/``with``/``class``
+    statements, not functions and not ``if TYPE_CHECKING:``."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from _module_level(node.orelse)
+            continue
+        yield node
+        for field in ("body", "orelse", "finalbody"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                yield from _module_level(inner)
+        for handler in getattr(node, "handlers", ()):
+            yield from _module_level(handler.body)
+
+
+def test_starting_a_run_loads_no_library_that_only_some_steps_use() -> None:
+    found = start_imports(ROOT, START_MODULES)
+    assert {"torch", "flwr", "numpy"} <= set(found)  # the walk reached the modules that import them
+    assert {lib: module for lib, module in found.items() if lib in ON_DEMAND} == {}
+
+
+def test_the_start_import_walk_follows_module_level_imports_only(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "server/__init__.py": "import yaml\n",
+            "server/a.py": "from server import b\ntry:\n    import scipy.stats\n"
+            "except ImportError:\n    import sklearn\n",
+            "server/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pandas\n"
+            "def f():\n    import matplotlib\nclass C:\n    import ray\n",
+            "server/c.py": "import datasets\n",
+        },
+    )
+    found = start_imports(root, ["server.a"])
+    assert found == {
+        "yaml": "server",
+        "scipy": "server.a",
+        "sklearn": "server.a",
+        "typing": "server.b",
+        "ray": "server.b",
+    }

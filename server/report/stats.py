@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 LEVEL = 0.95
 
@@ -29,11 +29,19 @@ class Summary:
     n: int
 
 
+def _t_distribution() -> Any:
+    """scipy's Student t, imported on first use: every run imports this module (its end-of-run plots) and
+    ``scipy.stats`` alone costs ~0.5 s of each run's start-up."""
+    from scipy import stats
+
+    return stats.t
+
+
 def t_quantile(n: int, level: float = LEVEL) -> float:
     """t_{(1 + level)/2, n − 1}, the Student-t quantile of a two-sided ``level`` interval from n values (n ≥ 2)."""
     if n < 2:
         raise ValueError(f"a confidence interval needs at least 2 values, got {n}")
-    return float(scipy_stats.t.ppf(0.5 + level / 2, n - 1))
+    return float(_t_distribution().ppf(0.5 + level / 2, n - 1))
 
 
 def ci_half_width(values: Sequence[float], level: float = LEVEL) -> float:
@@ -76,7 +84,7 @@ def paired(a: Sequence[float], b: Sequence[float]) -> Paired:
         t = math.copysign(math.inf, mean) if mean else 0.0
         return Paired(mean, 0.0, t, 0.0 if mean else 1.0, n)
     t = mean / (sd / math.sqrt(n))
-    p = float(2 * scipy_stats.t.sf(abs(t), n - 1))
+    p = float(2 * _t_distribution().sf(abs(t), n - 1))
     return Paired(mean, ci_half_width(d), t, p, n)
 
 
