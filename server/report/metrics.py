@@ -98,6 +98,12 @@ class MetricsWriter:
         self.close()
 
 
+def gap_tolerance(f_star: float) -> float:
+    """How far below 0 a ``pop_gap`` = f(x) − f* may lie by rounding: 1e-9, relative to |f*| when larger (the solver
+    leaves ~1e-13). f* = min f, so a gap below −tolerance means f* is not the run's minimum."""
+    return 1e-9 * max(1.0, abs(f_star))
+
+
 def _fmt(value: Any) -> Any:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from server.report.metrics import COLUMNS, read_metrics
+from server.report.metrics import COLUMNS, gap_tolerance, read_metrics
 from server.report.runs import STORAGE_KEYS, untimed
 from server.run.errors import ConfigError, make_dir
 from server.run.hydra_config import MISSING, config_value
@@ -31,8 +31,9 @@ def _isnan(value: Any) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
-def plot_run(run_dir: Path | str) -> list[Path]:
-    """accuracy.png, loss.png, lr.png and norm.png of one run (what the seeds plot per round)."""
+def plot_run(run_dir: Path | str, f_star: float | None = None) -> list[Path]:
+    """accuracy.png, loss.png, lr.png and norm.png of one run (what the seeds plot per round), and gap.png with
+    ``pop_gap`` (``f_star``: the run's f*, which tells rounding from a wrong f* there)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,13 +86,21 @@ def plot_run(run_dir: Path | str) -> list[Path]:
             fig.savefig(run_dir / name, dpi=120)
             plt.close(fig)
             out.append(run_dir / name)
-    gap = plot_gap(rows, run_dir / "gap.png")
+    gap = plot_gap(rows, run_dir / "gap.png", f_star)
     return out + ([gap] if gap else [])
 
 
-def plot_gap(rows: list[dict[str, Any]], path: Path) -> Path | None:
+def gap_marks(gaps: np.ndarray, f_star: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(within rounding, below) masks of the gaps ≤ 0: a gap below −:func:`gap_tolerance` (the run's own check) means
+    f* is not this run's minimum, not rounding (f* unknown: the tolerance at |f*| ≤ 1)."""
+    tolerance = gap_tolerance(0.0 if f_star is None else f_star)
+    return (gaps <= 0) & (gaps >= -tolerance), gaps < -tolerance
+
+
+def plot_gap(rows: list[dict[str, Any]], path: Path, f_star: float | None = None) -> Path | None:
     """gap.png: ``pop_gap`` = f(x^t) − f* on a log scale (eval_gap; docs/convex.md); None when the run has none.
-    Rounds whose gap is ≤ 0 (f* reached to rounding, |gap| ≤ 1e-9) are drawn as marks on the bottom edge."""
+    Rounds whose gap is ≤ 0 are drawn as marks on the bottom edge: grey when f* is reached to rounding, red when the
+    gap is below it (:func:`gap_marks`: f* is wrong)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,18 +111,19 @@ def plot_gap(rows: list[dict[str, Any]], path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     positive = y > 0
-    ax.plot(x[positive], y[positive], marker="." if len(x) < 50 else None, label="f(x^t) − f*")
+    if positive.any():
+        ax.plot(x[positive], y[positive], marker="." if len(x) < 50 else None, label="f(x^t) − f*")
     xa, ya = _series(rows, "avg_pop_gap")
     if (ya > 0).any():  # eval_average: f at the mean of the last W server models
         ax.plot(xa[ya > 0], ya[ya > 0], "--", marker="." if len(xa) < 50 else None, label="f(mean of last W) − f*")
-    if not positive.all():
-        ax.plot(
-            x[~positive],
-            np.full((~positive).sum(), y[positive].min() if positive.any() else 1e-12),
-            "v",
-            color="grey",
-            label="≤ 0 (at f* to rounding)",
-        )
+    edge = y[positive].min() if positive.any() else 1e-12
+    rounding, below = gap_marks(y, f_star)
+    for mask, color, label in (
+        (rounding, "grey", "≤ 0 (at f* to rounding)"),
+        (below, "red", "< 0: f below f*, so f* is wrong (run.log)"),
+    ):
+        if mask.any():
+            ax.plot(x[mask], np.full(mask.sum(), edge), "v", color=color, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("round")
     ax.set_ylabel("population gap f(x) − f*")

@@ -216,6 +216,10 @@ class Run:
             self.gap_warned = True
             log(WARNING, "%s", why)
 
+    def f_star(self) -> float | None:
+        """The f* of this run's ``pop_gap`` (None without one)."""
+        return getattr(getattr(self.evaluator, "gap", None), "f_star", None)
+
     def train_round(self, grid: ProgressGrid, rnd: int) -> dict[str, Any]:
         """Round ``rnd`` on ``grid``: select and message the nodes, aggregate their replies into the global model;
         returns the round's metrics row without evaluation (status.json says ``failed`` when no node answers)."""
@@ -289,7 +293,7 @@ class Run:
         if diverged:
             write_status(run_dir, "diverged", rnd, diverged)
             if self.config.plots:
-                plot_run(run_dir)
+                plot_run(run_dir, self.f_star())
             raise DivergenceError(
                 f"training diverged at round {rnd} ({diverged}); metrics up to this round and "
                 f"the last checkpoint are in {run_dir}"
@@ -310,7 +314,7 @@ class Run:
         returns the summary."""
         run_dir, window, num_rounds = self.run_dir, self.window, self.num_rounds
         if self.config.plots:
-            plot_run(run_dir)
+            plot_run(run_dir, self.f_star())
         final = {k: v.numpy() for k, v in self.arrays.items()}
         np.savez(run_dir / "final_model.npz", **final)
         if window.full():  # the mean of the last W models, in the model's dtypes

@@ -16,6 +16,7 @@ from client.examples import ImageExamples
 from client.linear import is_linear
 from client.models import build_model
 from client.train import evaluate_examples, evaluate_many, get_device, load_arrays
+from server.report.metrics import gap_tolerance
 from server.run.partitions import client_partitions
 
 Model = ArrayRecord | Mapping[str, np.ndarray]  # a model's arrays: an ArrayRecord or numpy values by name
@@ -96,7 +97,7 @@ class Evaluator:
         if self.gap is None:
             return None
         low = min((row[k] for k in ("pop_gap", "avg_pop_gap") if row.get(k) is not None), default=0.0)
-        if low >= -1e-9 * max(1.0, abs(self.gap.f_star)):
+        if low >= -gap_tolerance(self.gap.f_star):
             return None
         return (
             f"pop_gap {low:.6g} < 0 at round {row['round']}: f there is below f* = {self.gap.f_star:.12g}, so f* is "
