@@ -12,12 +12,13 @@ run side by side in worker processes (:mod:`server.stacked.processes`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
@@ -138,21 +139,39 @@ class _Evaluators:
 
 
 @contextlib.contextmanager
-def _quiet_jobs() -> Iterator[None]:
-    """The console shows the group's lines and the jobs' warnings; each job's round lines go to its run.log."""
+def _quiet_jobs(jobs: dict[str, str]) -> Iterator[None]:
+    """The console shows the group's lines and the jobs' warnings, each named by its job (``jobs``: thread name ->
+    "job i (run dir)"); each job's round lines go to its run.log as they are."""
 
     def keep(record: logging.LogRecord) -> bool:
         job_thread = record.threadName.startswith(JOB_THREAD)
         return getattr(record, GROUP_MARK, False) or record.levelno >= WARNING or not job_thread
 
     handlers = [h for h in logging.getLogger("flwr").handlers if not isinstance(h, logging.FileHandler)]
+    own = {h: vars(h).get("format") for h in handlers}  # an instance's own format function, if it has one
     for h in handlers:
         h.addFilter(keep)
+        h.format = functools.partial(_named, h.format, jobs)  # type: ignore[method-assign]
     try:
         yield
     finally:
         for h in handlers:
             h.removeFilter(keep)
+            if own[h] is None:
+                del h.format  # the class's own again
+            else:
+                h.format = own[h]  # type: ignore[method-assign]
+
+
+def _named(format_record: Callable[[logging.LogRecord], str], jobs: dict[str, str], record: logging.LogRecord) -> str:
+    """``record`` formatted by ``format_record``, its message led by the job whose thread logged it (a copy: the
+    job's run.log keeps the line as a lone run writes it)."""
+    job = None if getattr(record, GROUP_MARK, False) else jobs.get(record.threadName)
+    if job is None:
+        return format_record(record)
+    named = logging.makeLogRecord(record.__dict__)
+    named.msg, named.args = f"{job}: {record.getMessage()}", None
+    return format_record(named)
 
 
 def _say(message: str, *args: Any) -> None:
@@ -250,7 +269,7 @@ def run_group(
     how += f", {trainer.workers} chunk threads" if trainer.workers > 1 else ""
     _say("[%s] %d jobs as one program on %s (%s)", label, len(jobs), device, how)
     try:
-        with _quiet_jobs():
+        with _quiet_jobs({job.name: f"job {job.index} ({job.run_cfg.values['run_dir']})" for job in jobs}):
             for job in jobs:
                 job.start()
             for job in jobs:

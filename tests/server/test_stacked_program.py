@@ -7,8 +7,10 @@ groups have several chunks, two threads compute them side by side (``engine.work
 
 import contextlib
 import copy
+import io
 import json
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -263,3 +265,43 @@ def test_population_losses_without_a_gap_are_one_pass_per_evaluator_and_equal_lo
         simulate(composed(tmp_path / "lone" / name, tiny_data, *overrides, *common))
         stacked, lone = rows(tmp_path / "stacked" / name), rows(tmp_path / "lone" / name)
         assert stacked == lone and all("pop_loss" in r for r in lone if r["round"] % 2 == 0)
+
+
+def test_a_jobs_warning_on_the_console_names_its_job_and_its_run_log_keeps_the_line(tmp_path):
+    """Every job of a group logs the same warnings (a partition it shares, an f* of its seed): on the console each
+    is led by its job; the job's run.log and every other line stay as they are, and so does the handler afterwards."""
+    from server.stacked import launch
+
+    flwr = logging.getLogger("flwr")
+    screen = io.StringIO()
+    console = logging.StreamHandler(screen)
+    console.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    file = logging.FileHandler(tmp_path / "run.log")
+    flwr.addHandler(console)
+    flwr.addHandler(file)
+
+    def in_thread(name, *lines):
+        thread = threading.Thread(target=lambda: [flwr.log(*line) for line in lines], name=name)
+        thread.start()
+        thread.join()
+
+    try:
+        with launch._quiet_jobs({f"{launch.JOB_THREAD}3": "job 3 (runs/3)"}):
+            in_thread(f"{launch.JOB_THREAD}3", (logging.WARNING, "f* is %s", "wrong"), (logging.INFO, "round 1"))
+            flwr.warning("the group's own")
+        in_thread(f"{launch.JOB_THREAD}3", (logging.WARNING, "after the group"))
+    finally:
+        flwr.removeHandler(console)
+        flwr.removeHandler(file)
+        file.close()
+    assert screen.getvalue().splitlines() == [
+        "WARNING: job 3 (runs/3): f* is wrong",
+        "WARNING: the group's own",
+        "WARNING: after the group",
+    ]
+    assert (tmp_path / "run.log").read_text().splitlines() == [
+        "f* is wrong",
+        "round 1",
+        "the group's own",
+        "after the group",
+    ]
