@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO
 
 from client.data import DATASETS, cache_entry, default_cache_dir, quiet_torchvision, split_and_class
+from server.run.errors import folder_problem
 
 BLOCK = 512  # tar header and data block size
 CIFAR10_BATCHES = "cifar-10-batches-py"
@@ -105,11 +106,11 @@ def download_cifar10(root: str | os.PathLike, timeout: float = DOWNLOAD_TIMEOUT)
 
 
 def check_cache_dir(cache_dir: str | os.PathLike | None) -> None:
-    """The decode cache must be creatable: its nearest existing folder must be a writable folder."""
+    """The decode cache must be a folder this process can create and write into (created here if need be)."""
     path = Path(cache_dir or default_cache_dir()).expanduser().absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise DataSourceError(f"cannot create the decode cache {path}: {existing} is not a writable folder")
+    why = folder_problem(path)
+    if why is not None:
+        raise DataSourceError(f"cannot create or write the decode cache {path} ({why})")
 
 
 # --------------------------------------------------------------------------- torchvision CIFAR-10

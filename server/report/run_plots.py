@@ -327,6 +327,9 @@ def plot_runs(
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy" if metric == "accuracy" else metric)
     if log:
+        if not any((c["mean"] > 0).any() for c in curves.values()):
+            plt.close(fig)
+            raise ValueError(f"--log: no mean value of {metric} is above 0, so a log scale has nothing to draw")
         ax.set_yscale("log")  # band values <= 0 are clipped to the axis bottom
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -379,12 +382,14 @@ def plot_main(argv: Sequence[str] | None = None) -> None:
         out, used = plot_runs(runs, out_path, group_by, args.title, args.metric, args.log, args.group_by)
     except ValueError as err:
         parser.error(str(err))
+    except OSError as err:  # the PNG or its JSON cannot be written (the runs were read by then)
+        parser.error(f"--out {out_path}: cannot write it ({err.strerror or type(err).__name__})")
     if args.group_by and averaged:
         print(f"flower-plot: each curve averages runs that differ in {', '.join(averaged)} (not only in seed)")
     left = f" ({len(runs) - used} without {args.metric} rows left out)" if used < len(runs) else ""
     if copies:
         left += f" ({copies} {'copy' if copies == 1 else 'copies'} of a run of one configuration and seed left out)"
-    print(f"wrote {out} and {out.with_suffix('.json')} from {used} runs{left}")
+    print(f"wrote {out} and {out.with_suffix('.json')} from {used} run{'' if used == 1 else 's'}{left}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,7 @@
 whose files cannot be written (exit status 1)."""
 
 import errno
-import os
+import tempfile
 from pathlib import Path
 
 
@@ -34,12 +34,22 @@ def first_line(err: BaseException, limit: int = 200) -> str:
 def make_dir(path: Path | str, name: str) -> Path:
     """``path`` as an absolute folder, created with its parents, that this process can write into: what a command
     checks before any work for a folder it writes later. A :class:`ConfigError` ``<name> <path>: cannot create it
-    (<why>)`` or ``... is not writable`` otherwise (``name``: the option or key, e.g. ``--out``)."""
+    (<why>)`` or ``... is not writable (<why>)`` otherwise (``name``: the option or key, e.g. ``--out``)."""
     folder = Path(path).resolve()
+    why = folder_problem(folder)
+    if why is not None:
+        what = "is not writable" if folder.is_dir() else "cannot create it"
+        raise ConfigError(f"{name} {folder}: {what} ({why})")
+    return folder
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why this process cannot create ``folder`` (with its parents) and write a file into it, or None. Tried, not
+    read from permission bits, which root passes and which /proc or a read-only mount do not show."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
     except OSError as err:
-        raise ConfigError(f"{name} {folder}: cannot create it ({err.strerror or type(err).__name__})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"{name} {folder}: is not writable")
-    return folder
+        return err.strerror or type(err).__name__
+    return None

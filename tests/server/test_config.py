@@ -251,6 +251,21 @@ def test_a_run_dir_that_cannot_be_created_or_written_is_a_config_error(tmp_path)
     (tmp_path / "file").write_text("")
     with pytest.raises(config_lib.ConfigError, match="'run_dir' .*/file/run: cannot create it"):
         config_lib.make_run_dir(tmp_path / "file" / "run")
+    # a folder that exists and whose permission bits root passes, but that takes no file: tried, not read from bits
+    with pytest.raises(config_lib.ConfigError, match=r"^'run_dir' /proc: is not writable \("):
+        config_lib.make_run_dir("/proc")
+
+
+def test_a_decode_cache_that_cannot_be_created_is_a_config_error_before_any_work(tiny_data, tmp_path):
+    """data.cache_dir under /proc passed the permission-bit check (as root) and was a FileNotFoundError trace when
+    the dataset was first decoded; now it is one line naming the key, and a good one is created by the check."""
+    cfg = composed(f"data.root={tiny_data['tarball']}", "data.cache_dir=/proc/cache", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(config_lib.ConfigError, match=r"^'data.cache_dir': cannot create or write the decode cache "):
+        config_lib.validate(cfg)
+    assert not (tmp_path / "run").exists()
+    cfg = composed(f"data.root={tiny_data['tarball']}", f"data.cache_dir={tmp_path / 'new'}", f"run_dir={tmp_path}")
+    config_lib.validate(cfg)
+    assert (tmp_path / "new").is_dir()
 
 
 @pytest.mark.parametrize("cfg", [None, "config.yaml", [("num_rounds", 1)]])

@@ -129,9 +129,25 @@ def test_the_count_says_how_many_runs_the_curves_hold(tmp_path, capsys):
     (tmp_path / "empty" / "metrics.jsonl").write_text("")  # e.g. a job that failed before round 0
     out = tmp_path / "x.png"
     plot_main([str(tmp_path), "--metric", "client_lr", "--group-by", "strategy.name", "--out", str(out)])
-    assert capsys.readouterr().out.strip().endswith("from 1 runs (1 without client_lr rows left out)")
+    assert capsys.readouterr().out.strip().endswith("from 1 run (1 without client_lr rows left out)")
     plot_main([str(tmp_path / "r0"), "--metric", "client_lr", "--group-by", "strategy.name", "--out", str(out)])
-    assert capsys.readouterr().out.strip().endswith(" from 1 runs")
+    assert capsys.readouterr().out.strip().endswith(" from 1 run")
+
+
+def test_a_log_scale_of_no_positive_value_and_an_output_that_cannot_be_written_are_one_line_exit_2(tmp_path, capsys):
+    """--log of a column that is never above 0 (the pop_gap of a wrong f*) drew an empty plot behind matplotlib's
+    warning; an --out that is a folder was a trace after the runs were read."""
+    write_run(tmp_path / "r", "a", 0, [-1.0, -2.0])
+    (tmp_path / "d.png").mkdir()
+    for args, message in (
+        (["--metric", "client_lr", "--log", "--out", str(tmp_path / "x.png")], "--log: no mean value of client_lr"),
+        (["--metric", "client_lr", "--out", str(tmp_path / "d.png")], "d.png: cannot write it (Is a directory)"),
+    ):
+        with pytest.raises(SystemExit) as err:
+            plot_main([str(tmp_path / "r"), *args])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert err.value.code == 2 and message in lines[-1], lines
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_a_copy_of_a_run_counts_once_and_a_killed_one_gives_way(tmp_path, capsys):
