@@ -195,6 +195,8 @@ def validate_deploy(cfg: dict[str, Any]) -> dict[str, Any]:
         raise config_lib.ConfigError(f"'deploy.database' must be true, false or auto, got {d['database']!r}")
     if d.get("root_certificates") and not Path(str(d["root_certificates"])).expanduser().is_file():
         raise config_lib.ConfigError(f"'deploy.root_certificates': no file at {d['root_certificates']}")
+    if d.get("app_dir") and not Path(str(d["app_dir"])).expanduser().is_dir():
+        raise config_lib.ConfigError(f"'deploy.app_dir': no folder at {d['app_dir']} (the Flower app to deploy)")
     ownership.check(cfg)
     return d
 

@@ -66,6 +66,7 @@ def test_fab_is_small_and_holds_the_apps(tmp_path):
 
 def test_an_app_dir_that_is_no_flower_app_is_one_line_before_any_process(tmp_path, deploy_data):
     run_dir = tmp_path / "run"
+    (tmp_path / "empty").mkdir()
     proc = run_cli("flower-deploy", overrides(deploy_data, run_dir, f"deploy.app_dir={tmp_path / 'empty'}"), timeout=60)
     assert proc.returncode == 2 and proc.stdout.strip().splitlines()[-1].startswith(
         "flower-deploy: invalid configuration: 'deploy.app_dir': cannot pack"
@@ -189,6 +190,8 @@ def test_an_existing_superlink_that_does_not_answer_is_one_line_before_anything_
         (["deploy.database=sometimes"], "deploy.database"),
         (["deploy.node_threads=-1"], "deploy.node_threads"),
         (["deploy.node_threads=many"], "deploy.node_threads"),
+        # it was Flower's "pyproject.toml not found in files. It may have been excluded by .gitignore"
+        (["deploy.app_dir=/nonexistent/app"], r"^'deploy.app_dir': no folder at /nonexistent/app \(the Flower app"),
     ],
 )
 def test_deploy_config_is_validated(tmp_path, deploy_data, extra, message):
