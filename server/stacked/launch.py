@@ -211,7 +211,9 @@ class _Job(threading.Thread):
         except GroupStopped as err:
             return Outcome(run_dir, "stopped", str(err))
         except Exception as err:  # noqa: BLE001 - one job's failure ends that job only
-            logging.getLogger("flwr").exception("job %d (%s) failed", self.index, run_dir)
+            logging.getLogger("flwr").exception(
+                "job %d (%s) failed", self.index, run_dir, extra={GROUP_MARK: True}
+            )  # names its job already: not led by it again on the console
             return Outcome(run_dir, "error", f"{type(err).__name__}: {err}")
         finally:
             self.grid.release_startup()

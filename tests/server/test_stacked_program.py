@@ -288,6 +288,14 @@ def test_a_jobs_warning_on_the_console_names_its_job_and_its_run_log_keeps_the_l
     try:
         with launch._quiet_jobs({f"{launch.JOB_THREAD}3": "job 3 (runs/3)"}):
             in_thread(f"{launch.JOB_THREAD}3", (logging.WARNING, "f* is %s", "wrong"), (logging.INFO, "round 1"))
+            failed = threading.Thread(  # a job's own failure line names it already, as _Job logs it
+                target=flwr.error,
+                args=("job 3 (runs/3) failed",),
+                kwargs={"extra": {launch.GROUP_MARK: True}},
+                name=f"{launch.JOB_THREAD}3",
+            )
+            failed.start()
+            failed.join()
             flwr.warning("the group's own")
         in_thread(f"{launch.JOB_THREAD}3", (logging.WARNING, "after the group"))
     finally:
@@ -296,12 +304,14 @@ def test_a_jobs_warning_on_the_console_names_its_job_and_its_run_log_keeps_the_l
         file.close()
     assert screen.getvalue().splitlines() == [
         "WARNING: job 3 (runs/3): f* is wrong",
+        "ERROR: job 3 (runs/3) failed",
         "WARNING: the group's own",
         "WARNING: after the group",
     ]
     assert (tmp_path / "run.log").read_text().splitlines() == [
         "f* is wrong",
         "round 1",
+        "job 3 (runs/3) failed",
         "the group's own",
         "after the group",
     ]
